@@ -1,0 +1,106 @@
+"""Backend `gsplat`: gsplat 1.5.3's CUDA kernels behind the same two stages as the torch
+backend. gsplat's ops are imported inside the functions, so `import distsplat` neither
+needs CUDA nor triggers gsplat's JIT build; the first call on CUDA tensors does."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .pairs import Pairs
+
+TILE_SIZE = 16
+CHANNEL_CHUNK = 32  # gsplat's kernels are instantiated for a fixed set of channel counts
+
+
+def project(
+    means: Tensor,  # [N, 3]
+    quats: Tensor,  # [N, 4]
+    scales: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    colors: Tensor,  # [N, D] or SH [N, K, 3]
+    viewmats: Tensor,  # [C, 4, 4]
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    *,
+    sh_degree: Optional[int],
+    near_plane: float,
+    far_plane: float,
+    eps2d: float,
+    antialiased: bool,
+    packed: bool,
+    radius_clip: float = 0.0,
+) -> Tuple[Pairs, Optional[Dict[str, Tensor]]]:
+    from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
+
+    out = fully_fused_projection(
+        means, None, quats, scales, viewmats, Ks, width, height,
+        eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip,
+        packed=packed, calc_compensations=antialiased, opacities=opacities,
+    )
+    dense: Optional[Dict[str, Tensor]] = None
+    if packed:
+        _, cid, gid, radii, means2d, depths, conics, comps = out
+    else:
+        radii_d, means2d_d, depths_d, conics_d, comps = out  # [C, N, ...]
+        dense = {"radii": radii_d, "means2d": means2d_d, "depths": depths_d, "conics": conics_d}
+        cid, gid = (radii_d > 0).all(-1).nonzero(as_tuple=True)
+        radii, means2d, depths, conics = (
+            radii_d[cid, gid], means2d_d[cid, gid], depths_d[cid, gid], conics_d[cid, gid]
+        )
+        if comps is not None:
+            comps = comps[cid, gid]
+    cid, gid = cid.long(), gid.long()
+    opac = opacities[gid]
+    if comps is not None:
+        opac = opac * comps
+    if sh_degree is None:
+        pair_colors = colors[gid]
+    else:
+        campos = torch.linalg.inv(viewmats)[:, :3, 3]  # [C, 3]
+        dirs = means[gid] - campos[cid]  # [M, 3]
+        pair_colors = torch.clamp_min(spherical_harmonics(sh_degree, dirs, colors[gid]) + 0.5, 0.0)
+    pairs = Pairs(
+        camera_ids=cid, gaussian_ids=gid, radii=radii, means2d=means2d,
+        depths=depths, conics=conics, opacities=opac, colors=pair_colors,
+    )
+    return pairs, dense
+
+
+def rasterize_pairs(
+    pairs: Pairs,
+    n_cameras: int,
+    width: int,
+    height: int,
+    backgrounds: Optional[Tensor] = None,  # [C, D]
+    tile_size: int = 16,
+) -> Tuple[Tensor, Tensor]:
+    from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles, rasterize_to_pixels
+
+    C, D = n_cameras, pairs.colors.shape[-1]
+    ref = pairs.means2d
+    if len(pairs) == 0:  # the kernels do not take empty inputs
+        render = ref.new_zeros(C, height, width, D)
+        if backgrounds is not None:
+            render = render + backgrounds[:, None, None, :]
+        return render, ref.new_zeros(C, height, width, 1)
+    tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
+    _, isect_ids, flatten_ids = isect_tiles(
+        pairs.means2d, pairs.radii, pairs.depths, tile_size, tiles_x, tiles_y,
+        packed=True, n_images=C, image_ids=pairs.camera_ids, gaussian_ids=pairs.gaussian_ids,
+    )
+    offsets = isect_offset_encode(isect_ids, C, tiles_x, tiles_y).reshape(C, tiles_y, tiles_x)
+    renders, alphas = [], None
+    for lo in range(0, D, CHANNEL_CHUNK):
+        bg = None if backgrounds is None else backgrounds[:, lo : lo + CHANNEL_CHUNK]
+        r, alphas = rasterize_to_pixels(
+            pairs.means2d, pairs.conics, pairs.colors[:, lo : lo + CHANNEL_CHUNK],
+            pairs.opacities, width, height, tile_size, offsets, flatten_ids,
+            backgrounds=bg, packed=True,
+        )
+        renders.append(r)
+    return torch.cat(renders, dim=-1), alphas
