@@ -1,0 +1,271 @@
+"""The single-process renderer (backend torch) against analytic values, an independent
+dense renderer, gsplat's torch projection and finite differences."""
+
+import math
+
+import pytest
+import torch
+from gsplat.cuda._torch_impl import _fully_fused_projection, _quat_scale_to_covar_preci
+
+from distsplat.render import project, rasterize
+from tests.unit.dense_reference import dense_render
+from tests.unit.scenes import GAUSSIAN_KEYS, random_scene, render_args, with_grad
+
+
+def one_gaussian_scene(mean_xy=(0.0, 0.0), depth=2.0, scale=0.05, opacity=0.8, color=(1.0, 1.0, 1.0)):
+    W, H, f = 33, 25, 40.0
+    return dict(
+        means=torch.tensor([[mean_xy[0], mean_xy[1], depth]]),
+        quats=torch.tensor([[1.0, 0.0, 0.0, 0.0]]),
+        scales=torch.full((1, 3), scale),
+        opacities=torch.tensor([opacity]),
+        colors=torch.tensor([color]),
+        viewmats=torch.eye(4)[None],
+        Ks=torch.tensor([[[f, 0, W / 2], [0, f, H / 2], [0, 0, 1]]]),
+        width=W, height=H, f=f,
+    )
+
+
+def test_single_isotropic_gaussian_renders_analytic_profile():
+    s = one_gaussian_scene(scale=0.1)
+    colors, alphas, meta = rasterize(*render_args(s))
+    # Centre projects to (W/2, H/2); an isotropic world Gaussian on the optical axis has a
+    # screen covariance (f*scale/z)^2 I = 4 I, plus the eps2d = 0.3 blur.
+    var = (s["f"] * 0.1 / 2.0) ** 2 + 0.3
+    cx, cy = s["width"] / 2, s["height"] / 2
+    drawn = skipped = 0
+    for py in range(s["height"]):
+        for px in range(s["width"]):
+            r2 = (px + 0.5 - cx) ** 2 + (py + 0.5 - cy) ** 2
+            expected = 0.8 * math.exp(-0.5 * r2 / var)
+            if expected < 1 / 255:  # below gsplat's alpha threshold: not drawn at all
+                expected, skipped = 0.0, skipped + 1
+            else:
+                drawn += 1
+            assert colors[0, py, px, 0].item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
+            assert alphas[0, py, px, 0].item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert drawn > 50 and skipped > 50
+    assert meta["means2d"][0].tolist() == pytest.approx([cx, cy])
+    # Opacity-aware box: extent sqrt(2 ln(255 o)) sigma, sigma = sqrt(4.3).
+    extent = math.ceil(math.sqrt(2 * math.log(255 * 0.8)) * math.sqrt(var))
+    assert meta["radii"].tolist() == [[extent, extent]]
+
+
+def test_nearer_gaussian_wins_whatever_the_input_order():
+    red = one_gaussian_scene(depth=2.0, opacity=0.9, color=(1.0, 0.0, 0.0))
+    blue = one_gaussian_scene(depth=3.0, opacity=0.9, color=(0.0, 0.0, 1.0), scale=0.075)
+    both = {k: torch.cat([red[k], blue[k]]) for k in GAUSSIAN_KEYS}
+    # Pixel (17, 13): one pixel right and down of the centre, r^2 = 2; both Gaussians have
+    # the same screen variance 1 + 0.3 (sizes 0.05/2 and 0.075/3 at f = 40).
+    a = 0.9 * math.exp(-0.5 * 2 / 1.3)
+    for order in ([0, 1], [1, 0]):
+        s = dict(red, **{k: v[order] for k, v in both.items()})
+        colors, alphas, _ = rasterize(*render_args(s))
+        px = colors[0, 13, 17]
+        assert px[0].item() == pytest.approx(a, rel=1e-5)
+        assert px[2].item() == pytest.approx((1 - a) * a, rel=1e-5)
+        assert alphas[0, 13, 17, 0].item() == pytest.approx(1 - (1 - a) ** 2, rel=1e-5)
+
+
+def test_compositing_stops_before_transmittance_drops_below_threshold():
+    # Five Gaussians on the optical axis, alpha 0.95 at the centre pixel: transmittance after
+    # each is 0.05, 2.5e-3, 1.25e-4, then 6.25e-6 <= 1e-4, so the fourth and fifth are skipped.
+    n, o = 5, 0.95
+    s = one_gaussian_scene()
+    s.update(
+        means=torch.tensor([[0.0, 0.0, 2.0 + i] for i in range(n)]),
+        quats=torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1),
+        scales=torch.full((n, 3), 1.0),
+        opacities=torch.full((n,), o),
+        colors=torch.eye(n),
+    )
+    s = with_grad(s)
+    colors, alphas, _ = rasterize(*render_args(s))
+    centre = colors[0, 12, 16]  # pixel centre (16.5, 12.5) is the principal point
+    expected = torch.tensor([o, (1 - o) * o, (1 - o) ** 2 * o, 0.0, 0.0])
+    torch.testing.assert_close(centre, expected)
+    assert alphas[0, 12, 16, 0].item() == pytest.approx(1 - (1 - o) ** 3, rel=1e-6)
+    colors[0, 12, 16].sum().backward()
+    assert s["colors"].grad[3:].abs().max().item() == 0.0
+    assert s["colors"].grad[:3].abs().min().item() > 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(),
+        dict(sh_degree=2),
+        dict(channels=5),
+        dict(n=200, scale=0.3),  # large, overlapping Gaussians: long per-tile lists
+    ],
+    ids=["rgb", "sh2", "5ch", "dense-overlap"],
+)
+@pytest.mark.parametrize("antialiased", [False, True], ids=["classic", "antialiased"])
+def test_matches_dense_reference_forward_and_backward(kwargs, antialiased):
+    scene = with_grad(random_scene(n_cameras=3, **kwargs))
+    ref_scene = with_grad(scene)
+    mode = "antialiased" if antialiased else "classic"
+    C, D = 3, scene["colors"].shape[-1] if scene["sh_degree"] is None else 3
+    bg = torch.rand(C, D, generator=torch.Generator().manual_seed(1))
+    colors, alphas, _ = rasterize(
+        *render_args(scene), sh_degree=scene["sh_degree"], rasterize_mode=mode, backgrounds=bg
+    )
+    ref_colors, ref_alphas = dense_render(
+        *render_args(ref_scene), sh_degree=scene["sh_degree"], antialiased=antialiased, backgrounds=bg
+    )
+    assert alphas.amax() > 0.5  # the scene is really visible
+    torch.testing.assert_close(colors, ref_colors, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(alphas, ref_alphas, atol=2e-5, rtol=1e-4)
+    # Each camera and pixel weighted differently, so a swapped image changes the loss.
+    w = torch.rand(colors.shape, generator=torch.Generator().manual_seed(2))
+    (colors * w).sum().backward()
+    (ref_colors * w).sum().backward()
+    for k in GAUSSIAN_KEYS:
+        torch.testing.assert_close(scene[k].grad, ref_scene[k].grad, atol=1e-4, rtol=1e-3, msg=k)
+
+
+@pytest.mark.parametrize("tile_size", [4, 16])
+def test_tile_size_does_not_change_the_image(tile_size):
+    scene = random_scene(n=150, n_cameras=2, width=37, height=29, scale=0.25)
+    a, _, _ = rasterize(*render_args(scene))
+    b, _, _ = rasterize(*render_args(scene), tile_size=tile_size)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_packed_and_unpacked_give_the_same_images_and_gradients():
+    scene = random_scene(n=80, n_cameras=3, sh_degree=1)
+    results = {}
+    for packed in (True, False):
+        s = with_grad(scene)
+        colors, alphas, meta = rasterize(*render_args(s), sh_degree=1, packed=packed)
+        (colors * torch.linspace(0, 1, colors.numel()).reshape(colors.shape)).sum().backward()
+        results[packed] = (colors, alphas, meta, s)
+    torch.testing.assert_close(results[True][0], results[False][0])
+    torch.testing.assert_close(results[True][1], results[False][1])
+    for k in GAUSSIAN_KEYS:
+        torch.testing.assert_close(results[True][3][k].grad, results[False][3][k].grad)
+    # means2d.grad exists in both layouts and agrees pair by pair.
+    mp, md = results[True][2], results[False][2]
+    assert md["means2d"].shape == (3, 80, 2) and mp["means2d"].shape == (len(mp["gaussian_ids"]), 2)
+    dense_grad = md["means2d"].grad[mp["camera_ids"], mp["gaussian_ids"]]
+    torch.testing.assert_close(mp["means2d"].grad, dense_grad)
+    assert mp["means2d"].grad.abs().sum() > 0
+    assert (md["radii"][mp["camera_ids"], mp["gaussian_ids"]] == mp["radii"]).all()
+
+
+def test_projection_agrees_with_gsplat_torch_reference():
+    scene = random_scene(n=300, n_cameras=3, width=64, height=48, scale=0.6)
+    # Spread past the field of view (and behind some cameras): large Gaussians outside the
+    # view still reach into the image, where the clamped Jacobian matters.
+    scene["means"] = scene["means"] * 3.0
+    # gsplat's torch reference has no opacity-aware box: with opacity >= 1 both boxes use
+    # the 3.33-sigma extent, so radii must agree too.
+    opac = torch.full((300,), 1.01)
+    pairs, _ = project(
+        scene["means"], scene["quats"], scene["scales"], opac, scene["colors"],
+        scene["viewmats"], scene["Ks"], 64, 48, backend="torch",
+    )
+    covars, _ = _quat_scale_to_covar_preci(scene["quats"], scene["scales"], compute_preci=False)
+    radii, means2d, depths, conics, _ = _fully_fused_projection(
+        scene["means"], covars, scene["viewmats"], scene["Ks"], 64, 48
+    )
+    ref_valid = (radii > 0).all(-1)  # [C, N]
+    assert len(pairs) == int(ref_valid.sum()) > 100
+    c, g = pairs.camera_ids, pairs.gaussian_ids
+    assert ref_valid[c, g].all()
+    torch.testing.assert_close(pairs.means2d, means2d[c, g])
+    torch.testing.assert_close(pairs.depths, depths[c, g])
+    torch.testing.assert_close(pairs.conics, conics[c, g], rtol=1e-4, atol=1e-6)
+    assert torch.equal(pairs.radii, radii[c, g])
+
+
+def test_gradients_match_finite_differences():
+    scene = random_scene(n=6, n_cameras=2, width=14, height=12, scale=0.3, dtype=torch.float64, seed=3)
+    _check_fd(scene, sh_degree=None)
+
+
+def test_sh_gradients_match_finite_differences():
+    scene = random_scene(n=5, n_cameras=2, width=14, height=12, scale=0.3, sh_degree=2, dtype=torch.float64, seed=4)
+    _check_fd(scene, sh_degree=2, mode="antialiased")
+
+
+def _check_fd(scene, sh_degree, mode="classic"):
+    weights = torch.rand(2, 12, 14, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+
+    def loss(s):
+        colors, _, _ = rasterize(*render_args(s), sh_degree=sh_degree, rasterize_mode=mode)
+        return (colors * weights).sum()
+
+    s = with_grad(scene)
+    loss(s).backward()
+    h = 1e-6
+    for k in GAUSSIAN_KEYS:
+        base = scene[k]
+        fd = torch.zeros_like(base)
+        for i in range(base.numel()):
+            plus, minus = dict(scene), dict(scene)
+            delta = torch.zeros(base.numel(), dtype=base.dtype)
+            delta[i] = h
+            plus[k] = base + delta.reshape(base.shape)
+            minus[k] = base - delta.reshape(base.shape)
+            fd.view(-1)[i] = (loss(plus) - loss(minus)) / (2 * h)
+        assert fd.abs().max() > 0, k
+        torch.testing.assert_close(s[k].grad, fd, atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize("render_mode", ["D", "ED", "RGB+D", "RGB+ED"])
+def test_depth_render_modes(render_mode):
+    scene = random_scene(n=60, n_cameras=2)
+    rgb, alphas, _ = rasterize(*render_args(scene))
+    out, alphas2, meta = rasterize(*render_args(scene), render_mode=render_mode)
+    torch.testing.assert_close(alphas, alphas2)
+    depth = out[..., -1]
+    # Reference: the dense renderer with depth as the colour channel.
+    depth_colors = scene["means"] @ scene["viewmats"][:, 2, :3].T + scene["viewmats"][:, 2, 3]  # [N, C]
+    ref = []
+    for c in range(2):
+        s = dict(scene, colors=depth_colors[:, c : c + 1].contiguous(), viewmats=scene["viewmats"][c : c + 1], Ks=scene["Ks"][c : c + 1])
+        ref.append(dense_render(*render_args(s))[0][0, ..., 0])
+    ref = torch.stack(ref)
+    if render_mode.endswith("ED"):
+        ref = ref / alphas[..., 0].clamp_min(1e-10)
+    torch.testing.assert_close(depth, ref, atol=1e-4, rtol=1e-4)
+    if render_mode.startswith("RGB"):
+        torch.testing.assert_close(out[..., :3], rgb)
+    else:
+        assert out.shape[-1] == 1
+
+
+def test_camera_with_nothing_in_view_and_empty_scene():
+    scene = random_scene(n=20, n_cameras=2)
+    away = scene["viewmats"].clone()
+    away[1] = torch.diag(torch.tensor([1.0, 1.0, -1.0, 1.0])) @ away[1]  # looks away: z < 0
+    bg = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])
+    colors, alphas, meta = rasterize(*render_args(dict(scene, viewmats=away)), backgrounds=bg)
+    assert (meta["camera_ids"] == 0).all()
+    assert alphas[1].abs().max() == 0
+    torch.testing.assert_close(colors[1], bg[1].expand_as(colors[1]))
+    empty = {k: v[:0] for k, v in scene.items() if k in GAUSSIAN_KEYS}
+    colors, alphas, meta = rasterize(*render_args(dict(scene, **empty)), backgrounds=bg)
+    assert colors.shape == (2, 30, 40, 3) and alphas.abs().max() == 0
+    torch.testing.assert_close(colors[0], bg[0].expand_as(colors[0]))
+
+
+def test_real_point_cloud_matches_dense_reference():
+    """gsplat's garden test scene (real SfM points), subsampled to what the N x pixels
+    reference can afford, at 1/4 resolution."""
+    from tests.garden import load_garden
+
+    scene = with_grad(load_garden(max_points=800, downscale=4))
+    scene["scales"] = (scene["scales"] * 4).detach().requires_grad_(True)  # fewer points, bigger splats
+    ref_scene = with_grad(scene)
+    colors, alphas, meta = rasterize(*render_args(scene))
+    ref_colors, ref_alphas = dense_render(*render_args(ref_scene))
+    assert len(meta["gaussian_ids"]) > 600
+    torch.testing.assert_close(colors, ref_colors, atol=5e-5, rtol=1e-4)
+    torch.testing.assert_close(alphas, ref_alphas, atol=5e-5, rtol=1e-4)
+    w = torch.rand(colors.shape, generator=torch.Generator().manual_seed(0))
+    (colors * w).sum().backward()
+    (ref_colors * w).sum().backward()
+    for k in GAUSSIAN_KEYS:
+        torch.testing.assert_close(scene[k].grad, ref_scene[k].grad, atol=1e-3, rtol=1e-3, msg=k)
