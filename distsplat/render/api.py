@@ -66,9 +66,9 @@ def check_inputs(
     check_image_size(fn, width, height)
     check_choice(fn, "rasterize_mode", rasterize_mode, RASTERIZE_MODES)
     check_choice(fn, "render_mode", render_mode, RENDER_MODES)
-    if not (0 <= near_plane < far_plane):
+    if not (0 < near_plane < far_plane):
         raise ValueError(
-            f"{fn}: need 0 <= near_plane < far_plane, got near_plane={near_plane}, "
+            f"{fn}: need 0 < near_plane < far_plane, got near_plane={near_plane}, "
             f"far_plane={far_plane}"
         )
     if eps2d < 0:
@@ -126,7 +126,6 @@ def rasterize_pairs(
 ) -> Tuple[Tensor, Tensor]:
     """Stage (b): pairs whose camera_ids index C = n_cameras cameras -> images
     (colors [C, H, W, D'], alphas [C, H, W, 1]). The pairs may come from any process."""
-    pairs = pairs.with_colors(pairs.colors.contiguous())
     if render_mode in ("RGB+D", "RGB+ED"):
         pairs = pairs.with_colors(cat_depth(pairs.colors, pairs.depths))
         if backgrounds is not None:

@@ -4,6 +4,7 @@ distributed render, which calls the same checks) is done."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -81,7 +82,7 @@ def check_finite(fn: str, named: Sequence[Tuple[str, Tensor]]) -> None:
 
 def check_image_size(fn: str, width: object, height: object) -> None:
     for name, v in (("width", width), ("height", height)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
             raise ValueError(f"{fn}: `{name}` must be a positive int, got {v!r}")
 
 

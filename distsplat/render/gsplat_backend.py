@@ -84,10 +84,11 @@ def rasterize_pairs(
     C, D = n_cameras, pairs.colors.shape[-1]
     ref = pairs.means2d
     if len(pairs) == 0:  # the kernels do not take empty inputs
-        render = ref.new_zeros(C, height, width, D)
+        # Sums over zero pairs (= 0) keep the outputs in the autograd graph of the pairs.
+        render = ref.new_zeros(C, height, width, D) + pairs.colors.sum()
         if backgrounds is not None:
             render = render + backgrounds[:, None, None, :]
-        return render, ref.new_zeros(C, height, width, 1)
+        return render, ref.new_zeros(C, height, width, 1) + pairs.opacities.sum()
     tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
     _, isect_ids, flatten_ids = isect_tiles(
         pairs.means2d, pairs.radii, pairs.depths, tile_size, tiles_x, tiles_y,

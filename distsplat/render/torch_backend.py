@@ -303,15 +303,18 @@ def rasterize_pairs(
         out_colors.append(c)
         out_alphas.append(a)
 
-    render = ref.new_zeros(n_tiles_all, P, D)
-    alpha = ref.new_zeros(n_tiles_all, P)
-    if out_colors:
-        render = render.index_copy(0, tiles, torch.cat(out_colors))
-        alpha = alpha.index_copy(0, tiles, torch.cat(out_alphas))
+    if not out_colors:
+        # Nothing visible: still return tensors in the autograd graph of the pairs, so a
+        # loss on them can backward (and the distributed exchange's backward is reached).
+        out_colors = [pairs.colors[:0, None, :].expand(0, P, D)]
+        out_alphas = [pairs.opacities[:0, None].expand(0, P)]
+    render = ref.new_zeros(n_tiles_all, P, D).index_copy(0, tiles, torch.cat(out_colors))
+    alpha = ref.new_zeros(n_tiles_all, P).index_copy(0, tiles, torch.cat(out_alphas))
 
     def to_image(x: Tensor) -> Tensor:  # [C*TY*TX, P, D] -> [C, H, W, D]
-        x = x.reshape(C, tiles_y, tiles_x, tile_size, tile_size, -1).permute(0, 1, 3, 2, 4, 5)
-        return x.reshape(C, tiles_y * tile_size, tiles_x * tile_size, -1)[:, :height, :width]
+        d = x.shape[-1]  # explicit: C may be 0 (a rank that owns no camera this step)
+        x = x.reshape(C, tiles_y, tiles_x, tile_size, tile_size, d).permute(0, 1, 3, 2, 4, 5)
+        return x.reshape(C, tiles_y * tile_size, tiles_x * tile_size, d)[:, :height, :width]
 
     render, alpha = to_image(render), to_image(alpha[..., None])
     if backgrounds is not None:

@@ -37,10 +37,9 @@ def test_gsplat_backend_matches_torch_backend(packed, rasterize_mode):
         cos = torch.nn.functional.cosine_similarity(g.flatten(), t.flatten(), dim=0)
         assert cos > 0.999, (k, cos)
     assert m_g["means2d"].grad is not None and m_t["means2d"].grad is not None
-    if packed:
-        assert torch.equal(m_g["gaussian_ids"], m_t["gaussian_ids"]) or (
-            abs(len(m_g["gaussian_ids"]) - len(m_t["gaussian_ids"])) < 1e-3 * len(m_t["gaussian_ids"])
-        )
+    # The same pairs survive culling, up to boxes that round differently in fast maths.
+    n_g, n_t = len(m_g["camera_ids"]), len(m_t["camera_ids"])
+    assert abs(n_g - n_t) <= 1e-3 * n_t, (n_g, n_t)
 
 
 @pytest.mark.parametrize("sh_degree", [None, 3])

@@ -269,3 +269,19 @@ def test_real_point_cloud_matches_dense_reference():
     (ref_colors * w).sum().backward()
     for k in GAUSSIAN_KEYS:
         torch.testing.assert_close(scene[k].grad, ref_scene[k].grad, atol=1e-3, rtol=1e-3, msg=k)
+
+
+def test_no_cameras_and_numpy_image_size():
+    """C = 0 happens in the distributed render (a rank owns no camera this step)."""
+    import numpy as np
+
+    scene = with_grad(random_scene(n=20, n_cameras=2))
+    colors, alphas, meta = rasterize(
+        *render_args(dict(scene, viewmats=scene["viewmats"][:0], Ks=scene["Ks"][:0]))
+    )
+    assert colors.shape == (0, 30, 40, 3) and alphas.shape == (0, 30, 40, 1)
+    assert meta["n_cameras"] == 0 and len(meta["camera_ids"]) == 0
+    (colors.sum() + alphas.sum()).backward()  # connected to the inputs, zero gradient
+    a, _, _ = rasterize(*render_args(dict(scene, width=np.int64(40), height=np.int64(30))))
+    b, _, _ = rasterize(*render_args(scene))
+    torch.testing.assert_close(a, b)

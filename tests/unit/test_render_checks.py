@@ -40,7 +40,7 @@ def call(**overrides):
         (dict(sh_degree=2, colors=torch.zeros(10, 4, 3)), r"K=4 SH coefficients but sh_degree=2 needs at least 9"),
         (dict(sh_degree=1, colors=torch.zeros(10, 3)), r"`colors` must have shape \[N, K, 3\]"),
         (dict(backgrounds=torch.zeros(2, 4)), r"`backgrounds` must have shape \[C, 3\]"),
-        (dict(near_plane=2.0, far_plane=1.0), r"need 0 <= near_plane < far_plane"),
+        (dict(near_plane=2.0, far_plane=1.0), r"need 0 < near_plane < far_plane"),
         (dict(eps2d=-0.1), r"`eps2d` must be >= 0"),
     ],
 )

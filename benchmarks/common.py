@@ -1,0 +1,62 @@
+"""Shared bits of the Python benchmarks: where results go and what every result records
+(machine, command, commit, date, versions), so numbers can be compared honestly."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> Dict[str, Any]:
+    info: Dict[str, Any] = {
+        "host_cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            info["host_cpu"] = names[0]
+    except OSError:
+        pass
+    return info
+
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "distsplat"], cwd=root, capture_output=True, text=True)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def write_result(name: str, payload: Dict[str, Any]) -> Path:
+    """Writes benchmarks/results/<name>.json with the run's context and returns the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": name,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "commit": git_commit(),
+        "machine": machine(),
+        **payload,
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
