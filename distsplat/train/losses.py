@@ -1,0 +1,75 @@
+"""Photometric losses and metrics of the trainer: L1, SSIM (3DGS's 11x11 Gaussian window,
+sigma 1.5, zero padding, mean over all pixels) and PSNR. Images are [B, H, W, 3] in [0, 1],
+as the renderer returns them. Sums are returned alongside means where the distributed
+trainer needs exact reductions across ranks (a mean of per-rank means is not W-invariant)."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SSIM_WINDOW = 11
+SSIM_SIGMA = 1.5
+SSIM_C1 = 0.01**2
+SSIM_C2 = 0.03**2
+
+
+@lru_cache(maxsize=8)
+def _gauss_1d(dtype: torch.dtype, device: torch.device) -> Tensor:
+    x = torch.arange(SSIM_WINDOW, dtype=torch.float64) - SSIM_WINDOW // 2
+    g = torch.exp(-(x**2) / (2 * SSIM_SIGMA**2))
+    return (g / g.sum()).to(dtype=dtype, device=device)
+
+
+def _blur(x: Tensor) -> Tensor:
+    """Separable Gaussian blur with zero padding; x [B*3, 1, H, W]."""
+    g = _gauss_1d(x.dtype, x.device)
+    pad = SSIM_WINDOW // 2
+    x = F.conv2d(x, g.view(1, 1, 1, -1), padding=(0, pad))
+    return F.conv2d(x, g.view(1, 1, -1, 1), padding=(pad, 0))
+
+
+def ssim_map(img1: Tensor, img2: Tensor) -> Tensor:
+    """Per-pixel SSIM of [B, H, W, C] images -> [B, H, W, C]."""
+    if img1.shape != img2.shape or img1.dim() != 4:
+        raise ValueError(f"ssim: images must both be [B, H, W, C], got {tuple(img1.shape)} and {tuple(img2.shape)}")
+    B, H, W, C = img1.shape
+    a = img1.permute(0, 3, 1, 2).reshape(B * C, 1, H, W)
+    b = img2.permute(0, 3, 1, 2).reshape(B * C, 1, H, W)
+    mu1, mu2 = _blur(a), _blur(b)
+    s11 = _blur(a * a) - mu1 * mu1
+    s22 = _blur(b * b) - mu2 * mu2
+    s12 = _blur(a * b) - mu1 * mu2
+    num = (2 * mu1 * mu2 + SSIM_C1) * (2 * s12 + SSIM_C2)
+    den = (mu1 * mu1 + mu2 * mu2 + SSIM_C1) * (s11 + s22 + SSIM_C2)
+    return (num / den).reshape(B, C, H, W).permute(0, 2, 3, 1)
+
+
+def ssim(img1: Tensor, img2: Tensor) -> Tensor:
+    """Mean SSIM over all pixels and channels of [B, H, W, C] images."""
+    return ssim_map(img1, img2).mean()
+
+
+def psnr(img1: Tensor, img2: Tensor) -> Tensor:
+    """PSNR per image of [B, H, W, C] images in [0, 1] -> [B]."""
+    mse = ((img1 - img2) ** 2).flatten(1).mean(1)
+    return -10.0 * torch.log10(mse.clamp_min(1e-20))
+
+
+def photometric_loss(render: Tensor, target: Tensor, ssim_lambda: float) -> Tensor:
+    """3DGS's loss for [B, H, W, 3] images, summed over the B images (each image's loss is
+    its own mean), so that dividing by the global batch gives the mean over the batch
+    whatever rank holds which image: (1 - l) L1 + l (1 - SSIM)."""
+    if render.shape[0] == 0:
+        return render.sum()  # keeps the graph: the distributed backward needs every rank
+    l1 = (render - target).abs().flatten(1).mean(1)  # [B]
+    dssim = 1.0 - ssim_map(render, target).flatten(1).mean(1)  # [B]
+    return ((1.0 - ssim_lambda) * l1 + ssim_lambda * dssim).sum()
+
+
+def psnr_from_mse(mse: float) -> float:
+    return -10.0 * math.log10(max(mse, 1e-20))
