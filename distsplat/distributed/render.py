@@ -14,6 +14,7 @@ rank becomes the same error on all ranks, never a hang in the next collective.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -201,13 +202,67 @@ def distributed_rasterize(
     """
     W, me = get_world_size(group), get_rank(group)
     opts = dict(_RENDER_DEFAULTS)
-    unknown = sorted(set(render_kwargs) - set(opts))
     opts.update(render_kwargs)
-    fallback = means.device if isinstance(means, Tensor) else torch.device("cpu")
-    device = ex.comm_device(group, fallback)
+    local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+                     camera_owner, sh_degree, packed, backend, check_cameras, opts,
+                     sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group)
+    send = torch.stack([
+        local.counts, local.status.expand(W), local.checksum.expand(W),
+        torch.full_like(local.counts, int(local.needs_grad)),
+    ], dim=1)  # [W, 4]
+    host = ex.exchange_counts(send, local.owner, group)  # the one device -> host transfer
+    _raise_if_failed(host, W, check_cameras, local.error)
 
-    local_error: Optional[BaseException] = None
-    status_host = ex.OK
+    send_splits, recv_splits = host.send_splits, host.recv_splits
+    received = ex.all_to_all(local.payload, send_splits, recv_splits, group)  # [M_recv, F]
+    own = [c for c, o in enumerate(host.extra) if o == me]  # batch positions, in order
+    own_idx = torch.tensor(own, dtype=torch.int64, device=means.device)  # [C_own]
+    render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
+                                               local.backend, opts)
+    if W > 1 and local.needs_grad and sum(recv_splits) == 0:
+        # Nothing received, so the renders do not depend on the exchange: tie them to it,
+        # or this rank's backward would skip the reverse all-to-all its peers wait in.
+        render_colors, render_alphas = ex.tie(received, render_colors, render_alphas)
+
+    meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
+    meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
+    F, itemsize = local.payload.shape[1], local.payload.element_size()
+    meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, local.needs_grad)
+    return render_colors, render_alphas, meta
+
+
+@dataclass
+class _Local:
+    """This rank's side before the exchange; `error` set means `status` reports it."""
+
+    status: Tensor  # [] int64 status code (device value checks included)
+    checksum: Tensor  # [] int64
+    counts: Tensor  # [W] int64 pairs for each destination rank
+    owner: Tensor  # [C] int64 camera_owner on the communication device
+    needs_grad: bool = False
+    backend: str = "torch"
+    pairs: Optional[Pairs] = None  # pre-exchange pairs, for meta
+    dense: Optional[Dict[str, Tensor]] = None
+    payload: Optional[Tensor] = None  # [M, F] rows grouped by destination rank
+    error: Optional[BaseException] = None
+
+
+def _prepare(
+    means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
+    viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
+    sh_degree: Optional[int], packed: bool, backend: str, check_cameras: bool,
+    opts: Dict[str, Any], unknown: List[str], group: Optional[dist.ProcessGroup],
+) -> _Local:
+    """Validate, project, count and pack. Never raises: a failure becomes a status that
+    the count exchange carries to every rank."""
+    W, me = get_world_size(group), get_rank(group)
+    device = ex.comm_device(group, means.device if isinstance(means, Tensor) else torch.device("cpu"))
+
+    def failed(status: int, error: BaseException) -> _Local:
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return _Local(status=zero + status, checksum=zero, counts=zero.expand(W).clone(),
+                      owner=zero.new_zeros(0), error=error)
+
     try:
         if unknown:
             raise ValueError(f"{FN}: unknown keyword arguments {unknown} (`render_kwargs` takes "
@@ -215,76 +270,55 @@ def distributed_rasterize(
         resolved = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width,
                              height, camera_owner, sh_degree, backend, opts, device)
     except ValueError as e:
-        status_host, local_error = ex.encode(ex.INVALID, ex.argument_index(str(e))), e
-
-    if status_host == ex.OK:
-        try:
-            C = viewmats.shape[0]
-            owner = camera_owner.to(device=device, dtype=torch.int64)  # [C]
-            status = _device_status(
-                [(n, t) for n, t in zip(ex.FINITE_ARGS, (means, quats, scales, opacities, colors,
-                 viewmats, Ks, opts["backgrounds"])) if t is not None],
-                owner, W, opts["check_finite"])
-            checksum = (ex.camera_checksum([viewmats, Ks, owner], device) if check_cameras
-                        else torch.zeros((), dtype=torch.int64, device=device))
-            pairs, dense = project(
-                means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                backend=resolved, sh_degree=sh_degree, near_plane=opts["near_plane"],
-                far_plane=opts["far_plane"], eps2d=opts["eps2d"], packed=packed,
-                rasterize_mode=opts["rasterize_mode"],
-            )
-            safe_owner = owner.clamp(0, W - 1)  # a bad owner is reported, not indexed with
-            dest = safe_owner[pairs.camera_ids]  # [M] destination rank of each pair
-            order = torch.argsort(dest, stable=True)
-            payload_dtype = torch.promote_types(means.dtype, torch.float32)
-            payload = _pack(pairs.select(order), _local_camera_ids(safe_owner, W), payload_dtype)
-            # scatter_add, not bincount: CUDA's bincount reads max() on the host.
-            counts = torch.zeros(W, dtype=torch.int64, device=device).scatter_add_(
-                0, dest, torch.ones_like(dest))  # [W] pairs for each rank
-            needs_grad = payload.requires_grad
-        except Exception as e:  # never leave the peers waiting in the count exchange
-            status_host, local_error = ex.encode(ex.INTERNAL), e
-            logger.exception("%s: projection failed on rank %d", FN, me)
-
-    if status_host != ex.OK:
-        C, needs_grad = 0, False
-        owner = torch.zeros(0, dtype=torch.int64, device=device)
-        status = torch.tensor(status_host, device=device)
-        checksum = torch.zeros((), dtype=torch.int64, device=device)
-        counts = torch.zeros(W, dtype=torch.int64, device=device)
-
-    send = torch.stack([
-        counts, status.expand(W), checksum.expand(W),
-        torch.full((W,), int(needs_grad), dtype=torch.int64, device=device),
-    ], dim=1)  # [W, 4]
-    host = ex.exchange_counts(send, owner, group)  # the one device -> host transfer
-    _raise_if_failed(host, W, check_cameras, local_error)
-
-    send_splits, recv_splits = host.send_splits, host.recv_splits
-    received = ex.all_to_all(payload, send_splits, recv_splits, group)  # [M_recv, F]
-    own = [c for c, o in enumerate(host.extra) if o == me]
-    D = payload.shape[1] - 10
-    recv_pairs = _unpack(received, D, means.dtype)
-    own_idx = torch.tensor(own, dtype=torch.int64, device=means.device)  # [C_own]
-    backgrounds = opts["backgrounds"]
-    if own:
-        render_colors, render_alphas = rasterize_pairs(
-            recv_pairs, len(own), width, height, backend=resolved,
-            backgrounds=None if backgrounds is None else backgrounds[own_idx],
-            render_mode=opts["render_mode"], tile_size=opts["tile_size"],
+        return failed(ex.encode(ex.INVALID, ex.argument_index(str(e))), e)
+    try:
+        owner = camera_owner.to(device=device, dtype=torch.int64)  # [C]
+        finite_args = (means, quats, scales, opacities, colors, viewmats, Ks, opts["backgrounds"])
+        status = _device_status(
+            [(n, t) for n, t in zip(ex.FINITE_ARGS, finite_args) if t is not None],
+            owner, W, opts["check_finite"])
+        checksum = (ex.camera_checksum([viewmats, Ks, owner], device) if check_cameras
+                    else torch.zeros((), dtype=torch.int64, device=device))
+        pairs, dense = project(
+            means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+            backend=resolved, sh_degree=sh_degree, near_plane=opts["near_plane"],
+            far_plane=opts["far_plane"], eps2d=opts["eps2d"], packed=packed,
+            rasterize_mode=opts["rasterize_mode"],
         )
-    else:  # no camera this step (C < W); the backends do not take C = 0
-        channels = {"RGB": D, "D": 1, "ED": 1}.get(opts["render_mode"], D + 1)
-        render_colors = received.new_zeros(0, height, width, channels).to(means.dtype)
-        render_alphas = received.new_zeros(0, height, width, 1).to(means.dtype)
-    if W > 1 and needs_grad and sum(recv_splits) == 0:
-        render_colors, render_alphas = ex.tie(received, render_colors, render_alphas)
+        safe_owner = owner.clamp(0, W - 1)  # a bad owner is reported, never indexed with
+        dest = safe_owner[pairs.camera_ids]  # [M] destination rank of each pair
+        # Pairs come sorted by camera; the batch need not be rank-major, so group them.
+        order = torch.argsort(dest, stable=True)
+        payload_dtype = torch.promote_types(means.dtype, torch.float32)
+        payload = _pack(pairs.select(order), _local_camera_ids(safe_owner, W), payload_dtype)
+        # scatter_add, not bincount: CUDA's bincount reads max() on the host.
+        counts = torch.zeros(W, dtype=torch.int64, device=device).scatter_add_(
+            0, dest, torch.ones_like(dest))  # [W]
+    except Exception as e:  # never leave the peers waiting in the count exchange
+        logger.exception("%s: projection failed on rank %d", FN, me)
+        return failed(ex.encode(ex.INTERNAL), e)
+    return _Local(status=status, checksum=checksum, counts=counts, owner=owner,
+                  needs_grad=payload.requires_grad, backend=resolved, pairs=pairs,
+                  dense=dense, payload=payload)
 
-    F, itemsize = payload.shape[1], payload.element_size()
-    meta = make_meta(pairs, dense, width, height, C)
-    meta.update(camera_owner=owner, own_cameras=own_idx, rank=me, world_size=W)
-    meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, needs_grad)
-    return render_colors, render_alphas, meta
+
+def _render_own(
+    received: Tensor,  # [M_recv, F] payload rows from every rank
+    own_idx: Tensor,  # [C_own] batch positions of this rank's cameras
+    dtype: torch.dtype, width: int, height: int, backend: str, opts: Dict[str, Any],
+) -> Tuple[Tensor, Tensor]:
+    """Stage (b) on this rank's cameras: colors [C_own, H, W, D'], alphas [C_own, H, W, 1]."""
+    D = received.shape[1] - 10
+    if len(own_idx) == 0:  # no camera this step (C < W); the backends do not take C = 0
+        channels = {"RGB": D, "D": 1, "ED": 1}.get(opts["render_mode"], D + 1)
+        return (received.new_zeros(0, height, width, channels).to(dtype),
+                received.new_zeros(0, height, width, 1).to(dtype))
+    backgrounds = opts["backgrounds"]
+    return rasterize_pairs(
+        _unpack(received, D, dtype), len(own_idx), width, height, backend=backend,
+        backgrounds=None if backgrounds is None else backgrounds[own_idx],
+        render_mode=opts["render_mode"], tile_size=opts["tile_size"],
+    )
 
 
 def _comm_stats(send_splits: List[int], recv_splits: List[int], me: int, W: int, F: int,

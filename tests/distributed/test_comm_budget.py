@@ -6,7 +6,6 @@ rasterizing on CPU, are excluded). Bytes are checked against pair counts taken f
 one-process reference, not from meta."""
 
 import pytest
-import torch
 
 from distsplat.render import rasterize
 from scenes import PARAM_NAMES, case_layout

@@ -247,3 +247,17 @@ def train(ctx: DistContext, steps: int, batch_size: int, lr: float) -> Dict[str,
     mean over the global batch) come from scenes.training_setup."""
     from scenes import train_loop
     return train_loop(ctx.rank, ctx.world_size, steps, batch_size, lr)
+
+
+# ------------------------------------------------------------------ harness self-test
+
+
+def fail_or_hang(ctx: DistContext, mode: str) -> int:
+    """Rank 1 raises or sleeps; rank 0 waits in a barrier for it."""
+    if ctx.rank == 1:
+        if mode == "raise":
+            raise RuntimeError("boom on purpose")
+        import time
+        time.sleep(120)
+    dist.barrier()
+    return ctx.rank
