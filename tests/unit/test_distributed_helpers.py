@@ -95,7 +95,7 @@ def test_pack_unpack_round_trip_sorts_by_camera():
         conics=torch.randn(M, 3, generator=g), opacities=torch.rand(M, generator=g),
         colors=torch.rand(M, D, generator=g),
     )
-    local = torch.tensor([1, 0, 7, 0])  # cameras 0 and 3 both land on local camera 0/1...
+    local = torch.tensor([1, 0, 7, 0])  # batch camera -> receiver's camera; reorders the pairs
     payload = _pack(pairs, local, torch.float32)
     assert payload.shape == (M, 10 + D)
     out = _unpack(payload, D, torch.float32)
