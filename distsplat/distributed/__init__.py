@@ -1,0 +1,28 @@
+"""distsplat.distributed: the only package that talks to torch.distributed.
+
+    init_distributed / DistContext   process layout from torchrun's environment
+    CameraBatcher                    shared-seed batches, fixed camera -> owner rank
+    chunk_bounds / local_chunk       contiguous Gaussian chunks
+    distributed_rasterize            project -> packed all-to-all -> rasterize own cameras
+"""
+
+from .batcher import CameraBatch, CameraBatcher
+from .context import (
+    DistContext,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    destroy,
+    init_distributed,
+    rank,
+    setup_logging,
+    world_size,
+)
+from .partition import chunk_bounds, local_chunk
+from .render import distributed_rasterize
+
+__all__ = [
+    "CameraBatch", "CameraBatcher", "DistContext", "all_reduce_max", "all_reduce_sum",
+    "barrier", "chunk_bounds", "destroy", "distributed_rasterize", "init_distributed",
+    "local_chunk", "rank", "setup_logging", "world_size",
+]

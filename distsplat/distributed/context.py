@@ -1,0 +1,181 @@
+"""Process layout: who am I, how many are we, which device and process group.
+
+The first thing an entry point does (DESIGN.md: one process per GPU under torchrun, or
+one CPU process). `init_distributed()` reads torchrun's environment and returns one small
+frozen `DistContext`; everything below takes the layout from it or from the default
+process group. Without torchrun it returns a one-process context with no process group,
+and every helper here returns the local value, so W=1 walks the same code as W>1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+# A hung peer (a rank that crashed or took another branch) should fail the job in
+# minutes, not hold every GPU for gloo's 30-minute default.
+DEFAULT_TIMEOUT_S = 600.0
+TIMEOUT_ENV = "DISTSPLAT_TIMEOUT_S"
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """The process layout of this run, identical in shape on every rank."""
+
+    rank: int  # global rank in [0, world_size)
+    world_size: int  # W
+    local_rank: int  # index of this process on its node (picks the GPU)
+    device: torch.device  # where this rank's tensors live
+    backend: Optional[str]  # 'nccl' or 'gloo'; None without a process group
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.rank < self.world_size):
+            raise ValueError(f"rank {self.rank} is outside [0, {self.world_size})")
+        if self.local_rank < 0:
+            raise ValueError(f"local_rank must be >= 0, got {self.local_rank}")
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes files and logs at INFO."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def _env_int(name: str, default: Optional[int] = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise ValueError(f"torchrun environment incomplete: {name} is not set")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an int, got {value!r}") from None
+
+
+def init_distributed(
+    backend: Optional[str] = None,
+    timeout_s: Optional[float] = None,
+    device: Optional[torch.device] = None,
+) -> DistContext:
+    """Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (set by torchrun)
+    and joins the default process group: 'nccl' when CUDA is available, 'gloo' otherwise
+    (`backend` overrides). Without WORLD_SIZE in the environment (plain `python`) it
+    returns a one-process context and creates no process group.
+
+    `timeout_s` bounds every collective (default: $DISTSPLAT_TIMEOUT_S or 600 s), so a
+    rank that died or diverged turns into an error on its peers instead of a hang.
+    Calling it again in a process whose group exists returns the same layout."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if "WORLD_SIZE" not in os.environ and not dist.is_initialized():
+        if device is None:
+            device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        return DistContext(rank=0, world_size=1, local_rank=0, device=device, backend=None)
+
+    rank = _env_int("RANK", 0)
+    world_size = _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if device is None:
+        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        backend = dist.get_backend()
+    else:
+        dist.init_process_group(
+            backend=backend, rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank,
+                      device=device, backend=backend)
+    logger.info("joined process group: %s", ctx)
+    return ctx
+
+
+def destroy(ctx: Optional[DistContext] = None) -> None:
+    """Leaves the process group (entry points call this in `finally`); no-op without one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_size(group: Optional[dist.ProcessGroup] = None) -> int:
+    """W of `group` (default group), 1 without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def rank(group: Optional[dist.ProcessGroup] = None) -> int:
+    """This process's rank in `group`, 0 without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    return dist.get_rank(group)
+
+
+def all_reduce_sum(x: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Sum of `x` over ranks as a new tensor (`x` is untouched); `x` itself at W=1."""
+    if world_size(group) == 1:
+        return x
+    out = x.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+def all_reduce_max(x: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Elementwise max over ranks as a new tensor; `x` itself at W=1."""
+    if world_size(group) == 1:
+        return x
+    out = x.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out
+
+
+def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
+    """Waits for every rank; no-op at W=1."""
+    if world_size(group) > 1:
+        dist.barrier(group=group)
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.prefix = f"[rank {rank}] "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            record.msg = self.prefix + str(record.msg)
+        return True
+
+
+def setup_logging(ctx: DistContext, level: int = logging.INFO) -> None:
+    """Rank 0 logs at `level`, other ranks at WARNING with a `[rank r]` prefix
+    (CONVENTIONS.md 8), so W processes do not print W copies of every line."""
+    root = logging.getLogger("distsplat")
+    root.setLevel(level if ctx.is_main else max(level, logging.WARNING))
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    if not ctx.is_main:
+        for handler in root.handlers:
+            if not any(isinstance(f, _RankFilter) for f in handler.filters):
+                handler.addFilter(_RankFilter(ctx.rank))

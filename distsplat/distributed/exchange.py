@@ -1,0 +1,208 @@
+"""The wire between the two render stages: the count exchange and the packed all-to-all.
+
+DESIGN.md's step, seen from one rank: after projecting its Gaussians into every batch
+camera, a rank knows how many pairs it sends to each rank, but not how many it will
+receive. `exchange_counts` swaps those counts in ONE all-to-all of a tiny int64 matrix and
+brings it to the host in ONE transfer; the same matrix carries each rank's validation
+status, a checksum of its camera tensors and whether it will run backward, so that a bad
+input on one rank becomes the same error on every rank instead of a hang in the next
+collective. `all_to_all` then moves one packed float payload per direction, and its
+backward is the reverse all-to-all of the payload gradient (one collective).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .context import world_size
+
+logger = logging.getLogger(__name__)
+
+# Status codes: (kind << 32) | detail. 0 means the rank is fine.
+OK = 0
+INVALID = 1  # the rank's own checks raised ValueError; detail = index into ARGUMENTS
+NONFINITE = 2  # detail = bitmask over the FINITE_ARGS that hold NaN or Inf
+OWNER_RANGE = 3  # camera_owner holds a rank outside [0, W)
+INTERNAL = 4  # an unexpected exception while projecting; detail unused
+_KIND_SHIFT = 32
+
+# Arguments an INVALID status can name. Append only: the index is what goes on the wire.
+ARGUMENTS = (
+    "inputs", "means", "quats", "scales", "opacities", "colors", "viewmats", "Ks", "width",
+    "height", "sh_degree", "near_plane", "far_plane", "eps2d", "backgrounds", "rasterize_mode",
+    "render_mode", "backend", "camera_owner", "packed", "tile_size", "render_kwargs",
+)
+FINITE_ARGS = ("means", "quats", "scales", "opacities", "colors", "viewmats", "Ks", "backgrounds")
+
+# Columns of the count matrix each rank sends to every rank.
+COUNT, STATUS, CHECKSUM, NEEDS_GRAD = range(4)
+N_COLUMNS = 4
+
+
+def encode(kind: int, detail: int = 0) -> int:
+    return (kind << _KIND_SHIFT) | detail
+
+
+def argument_index(message: str) -> int:
+    """The argument a validation message is about: the first `name` in backticks that is
+    one of ARGUMENTS, else the first ARGUMENTS word in it, else 0 ('inputs')."""
+    for name in re.findall(r"`(\w+)`", message):
+        if name in ARGUMENTS:
+            return ARGUMENTS.index(name)
+    words = re.findall(r"\w+", message)
+    for word in words[1:]:  # words[0] is the function name
+        if word in ARGUMENTS:
+            return ARGUMENTS.index(word)
+    return 0
+
+
+def describe_status(ranks: List[int], status: int, world: int) -> str:
+    """The same sentence on every rank (only the integer status crossed the wire) for the
+    ranks that reported `status`."""
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    kind, detail = status >> _KIND_SHIFT, status & ((1 << _KIND_SHIFT) - 1)
+    if kind == INVALID:
+        arg = ARGUMENTS[detail] if detail < len(ARGUMENTS) else "inputs"
+        return (f"{who} rejected their inputs: invalid `{arg}` (shape, dtype, device or value; "
+                f"the detailed error is raised on {who} as the cause of this one)")
+    if kind == NONFINITE:
+        names = [f"`{n}`" for i, n in enumerate(FINITE_ARGS) if detail >> i & 1]
+        return (f"{who}: {', '.join(names)} contain NaN or Inf values; check the parameters "
+                "(a diverged optimizer step or a bad input file)")
+    if kind == OWNER_RANGE:
+        return f"{who}: `camera_owner` holds ranks outside [0, {world})"
+    if kind == INTERNAL:
+        return (f"{who} failed while projecting their Gaussians (the traceback is raised on "
+                f"{who} as the cause of this error)")
+    return f"{who} sent an unknown status {status}"
+
+
+def status_kind(status: int) -> int:
+    return status >> _KIND_SHIFT
+
+
+def camera_checksum(tensors: Sequence[Tensor], device: torch.device) -> Tensor:
+    """An int64 on `device` built from the bit patterns (not the values: -0.0 != 0.0, and
+    a 1-ulp difference counts) of `tensors`, weighted by position so that reordered
+    cameras differ too. Integer overflow wraps, which keeps it independent of the order of
+    the reduction. Costs a few elementwise kernels and no host sync."""
+    h = torch.zeros((), dtype=torch.int64, device=device)
+    for t in tensors:
+        t = t.detach().to(device).contiguous().reshape(-1)
+        if t.is_floating_point():
+            t = t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+        bits = t.long()
+        weights = torch.arange(1, 2 * bits.numel() + 1, 2, device=device, dtype=torch.int64)
+        shape_tag = bits.numel() * 31 + t.element_size()
+        h = h * 1_000_003 + (bits * weights).sum() + shape_tag
+    return h
+
+
+@dataclass
+class Counts:
+    """The count matrix on the host after the one transfer."""
+
+    sent: List[List[int]]  # [W][N_COLUMNS] what this rank sent to each rank
+    received: List[List[int]]  # [W][N_COLUMNS] what each rank sent to this rank
+    extra: List[int]  # host copy of the extra int64 values carried along
+
+    @property
+    def send_splits(self) -> List[int]:
+        return [row[COUNT] for row in self.sent]
+
+    @property
+    def recv_splits(self) -> List[int]:
+        return [row[COUNT] for row in self.received]
+
+    def column(self, c: int) -> List[int]:
+        """Every rank's value of a per-rank column (status, checksum, needs_grad)."""
+        return [row[c] for row in self.received]
+
+
+def exchange_counts(
+    send: Tensor,  # [W, N_COLUMNS] int64 on the communication device
+    extra: Tensor,  # [E] int64 on the same device, brought to the host with the counts
+    group: Optional[dist.ProcessGroup] = None,
+) -> Counts:
+    """One all-to-all of the count matrix (none at W=1), then ONE device->host transfer of
+    (sent, received, extra) together."""
+    W = send.shape[0]
+    if world_size(group) > 1:
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)
+    else:
+        recv = send
+    host = torch.cat([send.reshape(-1), recv.reshape(-1), extra]).tolist()
+    n = W * N_COLUMNS
+    rows = lambda flat: [flat[i * N_COLUMNS:(i + 1) * N_COLUMNS] for i in range(W)]  # noqa: E731
+    return Counts(rows(host[:n]), rows(host[n:2 * n]), host[2 * n:])
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows of `payload` go to ranks by `send_splits`; rows arrive by `recv_splits`.
+    Backward sends the gradient rows home by the reverse splits: one collective."""
+
+    @staticmethod
+    def forward(ctx, payload: Tensor, send_splits: List[int], recv_splits: List[int], group):
+        ctx.splits, ctx.group = (send_splits, recv_splits), group
+        out = payload.new_empty((sum(recv_splits),) + tuple(payload.shape[1:]))  # [M_recv, F]
+        dist.all_to_all_single(out, payload.contiguous(), output_split_sizes=recv_splits,
+                               input_split_sizes=send_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        send_splits, recv_splits = ctx.splits
+        grad_in = grad_out.new_empty((sum(send_splits),) + tuple(grad_out.shape[1:]))  # [M, F]
+        dist.all_to_all_single(grad_in, grad_out.contiguous(), output_split_sizes=send_splits,
+                               input_split_sizes=recv_splits, group=ctx.group)
+        return grad_in, None, None, None
+
+
+def all_to_all(
+    payload: Tensor,  # [M, F], rows grouped by destination rank
+    send_splits: List[int],  # [W] rows for each rank
+    recv_splits: List[int],  # [W] rows from each rank
+    group: Optional[dist.ProcessGroup] = None,
+) -> Tensor:
+    """Differentiable all-to-all of rows; the identity (no collective) at W=1."""
+    if world_size(group) == 1:
+        return payload
+    return _AllToAll.apply(payload, send_splits, recv_splits, group)
+
+
+class _Tie(torch.autograd.Function):
+    """Returns `outputs` unchanged but makes them depend on `anchor`, so that a backward
+    from them always reaches (and runs) the exchange, even on a rank that received no pair
+    and whose render therefore does not otherwise depend on it."""
+
+    @staticmethod
+    def forward(ctx, anchor: Tensor, *outputs: Tensor):
+        ctx.anchor_shape, ctx.anchor_dtype = anchor.shape, anchor.dtype
+        return tuple(o.view_as(o) for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        anchor_grad = grads[0].new_zeros(ctx.anchor_shape, dtype=ctx.anchor_dtype)
+        return (anchor_grad, *grads)
+
+
+def tie(anchor: Tensor, *outputs: Tensor) -> Tuple[Tensor, ...]:
+    return _Tie.apply(anchor, *outputs)
+
+
+def comm_device(group: Optional[dist.ProcessGroup], fallback: torch.device) -> torch.device:
+    """Where collectives of `group` need their tensors: CUDA for nccl, CPU for gloo;
+    `fallback` without a process group."""
+    if world_size(group) == 1:
+        return fallback
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,343 @@
+"""`distributed_rasterize`: DESIGN.md's step, forward and backward, for one batch.
+
+    project local Gaussians into ALL C batch cameras (render stage a, this rank's chunk)
+      -> count pairs per destination rank (the camera's owner), on the device
+      -> exchange counts (+ status, camera checksum, grad flag): 1 collective, 1 host sync
+      -> one packed float payload per direction: 1 collective (backward: 1, reversed)
+      -> rasterize this rank's own cameras (render stage b) from the pairs it received
+
+Validation happens on every rank before the first collective, but nothing is raised
+until every rank has seen every rank's status in the count exchange: a bad input on one
+rank becomes the same error on all ranks, never a hang in the next collective.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..render import Pairs, check_inputs, make_meta, project, rasterize_pairs
+from . import exchange as ex
+from .context import rank as get_rank
+from .context import world_size as get_world_size
+
+logger = logging.getLogger(__name__)
+
+FN = "distributed_rasterize"
+# Integers ride in the float payload; float32 holds every integer below 2^24 exactly.
+FLOAT_EXACT_INT = (1 << 24) - 1
+_RENDER_DEFAULTS: Dict[str, Any] = {
+    "near_plane": 0.01, "far_plane": 1e10, "eps2d": 0.3, "backgrounds": None,
+    "rasterize_mode": "classic", "render_mode": "RGB", "tile_size": None, "check_finite": True,
+}
+
+
+def _validate(
+    means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
+    viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
+    sh_degree: Optional[int], backend: str, opts: Dict[str, Any], device: torch.device,
+) -> str:
+    """This rank's own checks; raises ValueError naming the argument. No host sync: the
+    value checks (finite, owner range) run on the device and travel with the counts."""
+    resolved = check_inputs(
+        FN, means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+        sh_degree=sh_degree, near_plane=opts["near_plane"], far_plane=opts["far_plane"],
+        eps2d=opts["eps2d"], backgrounds=opts["backgrounds"],
+        rasterize_mode=opts["rasterize_mode"], render_mode=opts["render_mode"],
+        backend=backend, finite=False,
+    )
+    C = viewmats.shape[0]
+    if not isinstance(camera_owner, Tensor):
+        raise ValueError(f"{FN}: `camera_owner` must be an int64 tensor of shape [{C}], "
+                         f"got {type(camera_owner).__name__}")
+    if camera_owner.shape != (C,):
+        raise ValueError(f"{FN}: `camera_owner` must have shape [C] = [{C}] (one owner rank "
+                         f"per batch camera), got {tuple(camera_owner.shape)}")
+    if camera_owner.is_floating_point() or camera_owner.is_complex() or camera_owner.dtype == torch.bool:
+        raise ValueError(f"{FN}: `camera_owner` must be an integer tensor, got {camera_owner.dtype}")
+    if camera_owner.device not in (means.device, torch.device("cpu")):
+        raise ValueError(f"{FN}: `camera_owner` is on {camera_owner.device} but `means` is on "
+                         f"{means.device}; pass it on the same device or on the CPU")
+    if means.device != device:
+        raise ValueError(f"{FN}: `means` is on {means.device} but the process group exchanges "
+                         f"tensors on {device} (nccl: CUDA, gloo: CPU)")
+    if C > FLOAT_EXACT_INT:
+        raise ValueError(f"{FN}: `viewmats` holds {C} cameras, more than one batch can carry")
+    return resolved
+
+
+def _local_camera_ids(owner: Tensor, W: int) -> Tensor:
+    """[C] index of each camera among its owner's cameras, in batch order: the camera
+    id the receiving rank sees. owner [C] must be clamped into [0, W)."""
+    onehot = (owner[:, None] == torch.arange(W, device=owner.device)).long()  # [C, W]
+    return (torch.cumsum(onehot, 0) - 1).gather(1, owner[:, None])[:, 0]
+
+
+def _pack(pairs: Pairs, local_cam: Tensor, dtype: torch.dtype) -> Tensor:
+    """Pairs -> one [M, F] float payload: means2d(2) depths(1) conics(3) opacities(1)
+    colors(D) local camera(1) radii(2). F = 10 + D."""
+    radii = pairs.radii.clamp_max(FLOAT_EXACT_INT)  # a >16M px radius already covers any image
+    return torch.cat([
+        pairs.means2d.to(dtype), pairs.depths[:, None].to(dtype), pairs.conics.to(dtype),
+        pairs.opacities[:, None].to(dtype), pairs.colors.to(dtype),
+        local_cam[pairs.camera_ids][:, None].to(dtype), radii.to(dtype),
+    ], dim=1)
+
+
+def _unpack(payload: Tensor, D: int, dtype: torch.dtype) -> Pairs:
+    """[M, F] payload -> Pairs of the receiving rank's own cameras, sorted by camera. The
+    Gaussian ids are unknown here (-1): stage (b) never reads them."""
+    means2d, depths, conics, opac, colors, cam, radii = torch.split(payload, [2, 1, 3, 1, D, 1, 2], 1)
+    cam = cam[:, 0].long()
+    # Arrivals are ordered (source rank, camera, Gaussian); a stable sort by camera gives
+    # (camera, source rank, Gaussian) = (camera, global Gaussian id) for contiguous chunks,
+    # the order of the one-process render.
+    order = torch.argsort(cam, stable=True)
+    return Pairs(
+        camera_ids=cam[order], gaussian_ids=torch.full_like(cam, -1),
+        radii=radii[order].to(torch.int32), means2d=means2d[order].to(dtype),
+        depths=depths[order, 0].to(dtype), conics=conics[order].to(dtype),
+        opacities=opac[order, 0].to(dtype), colors=colors[order].to(dtype),
+    )
+
+
+def _device_status(
+    named: List[Tuple[str, Tensor]], owner: Tensor, W: int, check_finite: bool
+) -> Tensor:
+    """int64 scalar on the device: NONFINITE with a bitmask of the arguments holding
+    NaN/Inf, else OWNER_RANGE, else OK. No host sync."""
+    device = owner.device
+    status = torch.where(
+        ((owner < 0) | (owner >= W)).any(),
+        torch.tensor(ex.encode(ex.OWNER_RANGE), device=device),
+        torch.tensor(ex.OK, device=device),
+    )
+    if check_finite:
+        bits = torch.stack([
+            (~torch.isfinite(t).all()).long() << ex.FINITE_ARGS.index(name) for name, t in named
+        ]).sum().to(device)
+        status = torch.where(bits != 0, bits + ex.encode(ex.NONFINITE), status)
+    return status
+
+
+def _raise_if_failed(counts: ex.Counts, W: int, check_cameras: bool,
+                     local_error: Optional[BaseException]) -> None:
+    """Every rank holds the same (status, checksum, grad flag) of every rank, so every
+    rank raises the same error here, or none does."""
+    statuses = counts.column(ex.STATUS)
+    if W == 1 and local_error is not None:  # nobody else to agree with: the detailed error
+        raise local_error
+    if any(statuses):
+        by_status: Dict[int, List[int]] = {}
+        for r, s in enumerate(statuses):
+            if s != ex.OK:
+                by_status.setdefault(s, []).append(r)
+        msg = f"{FN}: " + "; ".join(ex.describe_status(rs, s, W) for s, rs in by_status.items())
+        internal = any(ex.status_kind(s) == ex.INTERNAL for s in statuses)
+        raise (RuntimeError if internal else ValueError)(msg) from local_error
+    if check_cameras and len(set(counts.column(ex.CHECKSUM))) > 1:
+        groups: Dict[int, List[int]] = {}
+        for r, h in enumerate(counts.column(ex.CHECKSUM)):
+            groups.setdefault(h, []).append(r)
+        raise ValueError(
+            f"{FN}: the batch cameras (viewmats, Ks, camera_owner) differ across ranks; "
+            f"ranks agreeing with each other: {sorted(groups.values())}. Every rank must pass "
+            "the same cameras in the same order (draw them with the shared-seed CameraBatcher)"
+        )
+    grads = counts.column(ex.NEEDS_GRAD)
+    if len(set(grads)) > 1:
+        raise ValueError(
+            f"{FN}: ranks disagree on whether gradients flow (needed on ranks "
+            f"{[r for r, g in enumerate(grads) if g]}, not on {[r for r, g in enumerate(grads) if not g]}); "
+            "the backward all-to-all needs every rank, so render under the same "
+            "torch.no_grad()/requires_grad setting everywhere"
+        )
+
+
+def distributed_rasterize(
+    means: Tensor,  # [N, 3] this rank's chunk of the Gaussians
+    quats: Tensor,  # [N, 4]
+    scales: Tensor,  # [N, 3]
+    opacities: Tensor,  # [N]
+    colors: Tensor,  # [N, D] or SH [N, K, 3]
+    viewmats: Tensor,  # [C, 4, 4] ALL batch cameras, identical on every rank
+    Ks: Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    camera_owner: Tensor,  # [C] int, the rank that renders each batch camera
+    *,
+    sh_degree: Optional[int] = None,
+    packed: bool = True,
+    backend: str = "auto",
+    group: Optional[dist.ProcessGroup] = None,
+    check_cameras: bool = True,
+    **render_kwargs: Any,
+) -> Tuple[Tensor, Tensor, Dict[str, Any]]:
+    """Renders this rank's cameras from every rank's Gaussians; call it on every rank of
+    `group` (default: the default group, or one process without one).
+
+    Returns render_colors [C_own, H, W, D'], render_alphas [C_own, H, W, 1] for the
+    cameras with camera_owner == rank, in batch order (C_own may be 0), and meta:
+    this rank's pre-exchange pairs as `rasterize` gives them (means2d with .grad after
+    backward, radii, gaussian_ids local to the chunk, camera_ids into the C batch
+    cameras; dense [C, N, ...] tensors with packed=False), n_cameras = C (the whole batch:
+    with a loss that averages over the global batch, gsplat's strategies rescale
+    means2d.grad by n_cameras exactly as in one process), own_cameras (batch positions of
+    the rendered cameras) and comm (collectives, host syncs, pairs and bytes of this call).
+
+    render_kwargs: near_plane, far_plane, eps2d, backgrounds ([C, D], every batch
+    camera's, like `rasterize`), rasterize_mode, render_mode, tile_size, check_finite.
+    check_cameras (default on) folds a checksum of viewmats, Ks and camera_owner into the
+    count exchange, so ranks passing different cameras get an error, not wrong images.
+
+    Every rank must call backward on a loss built from its returned renders (also a rank
+    with C_own = 0: `render_colors.sum()` is then 0 but still reaches the exchange),
+    because the backward all-to-all needs every rank; scale each rank's loss by the global
+    batch (e.g. sum over own cameras / C), since the ranks' gradients add up.
+    """
+    W, me = get_world_size(group), get_rank(group)
+    opts = dict(_RENDER_DEFAULTS)
+    opts.update(render_kwargs)
+    local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+                     camera_owner, sh_degree, packed, backend, check_cameras, opts,
+                     sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group)
+    send = torch.stack([
+        local.counts, local.status.expand(W), local.checksum.expand(W),
+        torch.full_like(local.counts, int(local.needs_grad)),
+    ], dim=1)  # [W, 4]
+    host = ex.exchange_counts(send, local.owner, group)  # the one device -> host transfer
+    _raise_if_failed(host, W, check_cameras, local.error)
+
+    send_splits, recv_splits = host.send_splits, host.recv_splits
+    received = ex.all_to_all(local.payload, send_splits, recv_splits, group)  # [M_recv, F]
+    own = [c for c, o in enumerate(host.extra) if o == me]  # batch positions, in order
+    own_idx = torch.tensor(own, dtype=torch.int64, device=means.device)  # [C_own]
+    render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
+                                               local.backend, opts)
+    if W > 1 and local.needs_grad and sum(recv_splits) == 0:
+        # Nothing received, so the renders do not depend on the exchange: tie them to it,
+        # or this rank's backward would skip the reverse all-to-all its peers wait in.
+        render_colors, render_alphas = ex.tie(received, render_colors, render_alphas)
+
+    meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
+    meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
+    F, itemsize = local.payload.shape[1], local.payload.element_size()
+    meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, local.needs_grad)
+    return render_colors, render_alphas, meta
+
+
+@dataclass
+class _Local:
+    """This rank's side before the exchange; `error` set means `status` reports it."""
+
+    status: Tensor  # [] int64 status code (device value checks included)
+    checksum: Tensor  # [] int64
+    counts: Tensor  # [W] int64 pairs for each destination rank
+    owner: Tensor  # [C] int64 camera_owner on the communication device
+    needs_grad: bool = False
+    backend: str = "torch"
+    pairs: Optional[Pairs] = None  # pre-exchange pairs, for meta
+    dense: Optional[Dict[str, Tensor]] = None
+    payload: Optional[Tensor] = None  # [M, F] rows grouped by destination rank
+    error: Optional[BaseException] = None
+
+
+def _prepare(
+    means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
+    viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
+    sh_degree: Optional[int], packed: bool, backend: str, check_cameras: bool,
+    opts: Dict[str, Any], unknown: List[str], group: Optional[dist.ProcessGroup],
+) -> _Local:
+    """Validate, project, count and pack. Never raises: a failure becomes a status that
+    the count exchange carries to every rank."""
+    W, me = get_world_size(group), get_rank(group)
+    device = ex.comm_device(group, means.device if isinstance(means, Tensor) else torch.device("cpu"))
+
+    def failed(status: int, error: BaseException) -> _Local:
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return _Local(status=zero + status, checksum=zero, counts=zero.expand(W).clone(),
+                      owner=zero.new_zeros(0), error=error)
+
+    try:
+        if unknown:
+            raise ValueError(f"{FN}: unknown keyword arguments {unknown} (`render_kwargs` takes "
+                             f"{', '.join(_RENDER_DEFAULTS)})")
+        resolved = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width,
+                             height, camera_owner, sh_degree, backend, opts, device)
+    except ValueError as e:
+        return failed(ex.encode(ex.INVALID, ex.argument_index(str(e))), e)
+    try:
+        owner = camera_owner.to(device=device, dtype=torch.int64)  # [C]
+        finite_args = (means, quats, scales, opacities, colors, viewmats, Ks, opts["backgrounds"])
+        status = _device_status(
+            [(n, t) for n, t in zip(ex.FINITE_ARGS, finite_args) if t is not None],
+            owner, W, opts["check_finite"])
+        checksum = (ex.camera_checksum([viewmats, Ks, owner], device) if check_cameras
+                    else torch.zeros((), dtype=torch.int64, device=device))
+        pairs, dense = project(
+            means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+            backend=resolved, sh_degree=sh_degree, near_plane=opts["near_plane"],
+            far_plane=opts["far_plane"], eps2d=opts["eps2d"], packed=packed,
+            rasterize_mode=opts["rasterize_mode"],
+        )
+        safe_owner = owner.clamp(0, W - 1)  # a bad owner is reported, never indexed with
+        dest = safe_owner[pairs.camera_ids]  # [M] destination rank of each pair
+        # Pairs come sorted by camera; the batch need not be rank-major, so group them.
+        order = torch.argsort(dest, stable=True)
+        payload_dtype = torch.promote_types(means.dtype, torch.float32)
+        payload = _pack(pairs.select(order), _local_camera_ids(safe_owner, W), payload_dtype)
+        # scatter_add, not bincount: CUDA's bincount reads max() on the host.
+        counts = torch.zeros(W, dtype=torch.int64, device=device).scatter_add_(
+            0, dest, torch.ones_like(dest))  # [W]
+    except Exception as e:  # never leave the peers waiting in the count exchange
+        logger.exception("%s: projection failed on rank %d", FN, me)
+        return failed(ex.encode(ex.INTERNAL), e)
+    return _Local(status=status, checksum=checksum, counts=counts, owner=owner,
+                  needs_grad=payload.requires_grad, backend=resolved, pairs=pairs,
+                  dense=dense, payload=payload)
+
+
+def _render_own(
+    received: Tensor,  # [M_recv, F] payload rows from every rank
+    own_idx: Tensor,  # [C_own] batch positions of this rank's cameras
+    dtype: torch.dtype, width: int, height: int, backend: str, opts: Dict[str, Any],
+) -> Tuple[Tensor, Tensor]:
+    """Stage (b) on this rank's cameras: colors [C_own, H, W, D'], alphas [C_own, H, W, 1]."""
+    D = received.shape[1] - 10
+    if len(own_idx) == 0:  # no camera this step (C < W); the backends do not take C = 0
+        channels = {"RGB": D, "D": 1, "ED": 1}.get(opts["render_mode"], D + 1)
+        return (received.new_zeros(0, height, width, channels).to(dtype),
+                received.new_zeros(0, height, width, 1).to(dtype))
+    backgrounds = opts["backgrounds"]
+    return rasterize_pairs(
+        _unpack(received, D, dtype), len(own_idx), width, height, backend=backend,
+        backgrounds=None if backgrounds is None else backgrounds[own_idx],
+        render_mode=opts["render_mode"], tile_size=opts["tile_size"],
+    )
+
+
+def _comm_stats(send_splits: List[int], recv_splits: List[int], me: int, W: int, F: int,
+                itemsize: int, needs_grad: bool) -> Dict[str, int]:
+    """What this call moved (the own-rank share of the all-to-all is a local copy, not
+    counted as sent). Backward adds `backward_collectives` and the same bytes reversed."""
+    pairs_sent = sum(send_splits) - send_splits[me]
+    pairs_received = sum(recv_splits) - recv_splits[me]
+    count_bytes = (W - 1) * ex.N_COLUMNS * 8
+    return {
+        "collectives": 2 if W > 1 else 0,
+        "host_syncs": 1,
+        "backward_collectives": 1 if W > 1 and needs_grad else 0,
+        "payload_fields": F,
+        "bytes_per_pair": F * itemsize,
+        "pairs_projected": sum(send_splits),
+        "pairs_sent": pairs_sent,
+        "pairs_received": pairs_received,
+        "pairs_rendered": sum(recv_splits),
+        "bytes_sent": pairs_sent * F * itemsize + count_bytes,
+        "bytes_received": pairs_received * F * itemsize + count_bytes,
+    }
