@@ -178,26 +178,6 @@ def all_to_all(
     return _AllToAll.apply(payload, send_splits, recv_splits, group)
 
 
-class _Tie(torch.autograd.Function):
-    """Returns `outputs` unchanged but makes them depend on `anchor`, so that a backward
-    from them always reaches (and runs) the exchange, even on a rank that received no pair
-    and whose render therefore does not otherwise depend on it."""
-
-    @staticmethod
-    def forward(ctx, anchor: Tensor, *outputs: Tensor):
-        ctx.anchor_shape, ctx.anchor_dtype = anchor.shape, anchor.dtype
-        return tuple(o.view_as(o) for o in outputs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        anchor_grad = grads[0].new_zeros(ctx.anchor_shape, dtype=ctx.anchor_dtype)
-        return (anchor_grad, *grads)
-
-
-def tie(anchor: Tensor, *outputs: Tensor) -> Tuple[Tensor, ...]:
-    return _Tie.apply(anchor, *outputs)
-
-
 def comm_device(group: Optional[dist.ProcessGroup], fallback: torch.device) -> torch.device:
     """Where collectives of `group` need their tensors: CUDA for nccl, CPU for gloo;
     `fallback` without a process group."""

@@ -219,10 +219,6 @@ def distributed_rasterize(
     own_idx = torch.tensor(own, dtype=torch.int64, device=means.device)  # [C_own]
     render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
                                                local.backend, opts)
-    if W > 1 and local.needs_grad and sum(recv_splits) == 0:
-        # Nothing received, so the renders do not depend on the exchange: tie them to it,
-        # or this rank's backward would skip the reverse all-to-all its peers wait in.
-        render_colors, render_alphas = ex.tie(received, render_colors, render_alphas)
 
     meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
     meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
@@ -308,11 +304,10 @@ def _render_own(
     dtype: torch.dtype, width: int, height: int, backend: str, opts: Dict[str, Any],
 ) -> Tuple[Tensor, Tensor]:
     """Stage (b) on this rank's cameras: colors [C_own, H, W, D'], alphas [C_own, H, W, 1]."""
+    # Also with C_own = 0 or no pair received: the render layer then returns empty or
+    # background images that stay in the autograd graph of the received payload, so this
+    # rank's backward still runs the reverse all-to-all its peers wait in.
     D = received.shape[1] - 10
-    if len(own_idx) == 0:  # no camera this step (C < W); the backends do not take C = 0
-        channels = {"RGB": D, "D": 1, "ED": 1}.get(opts["render_mode"], D + 1)
-        return (received.new_zeros(0, height, width, channels).to(dtype),
-                received.new_zeros(0, height, width, 1).to(dtype))
     backgrounds = opts["backgrounds"]
     return rasterize_pairs(
         _unpack(received, D, dtype), len(own_idx), width, height, backend=backend,
