@@ -22,7 +22,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Deque, List, Optional, Sequence, Union
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from .cache import ImageCache
 
 log = logging.getLogger(__name__)
 
+_LATER = "later"  # placeholder image: taken from the gpu cache when the batch is consumed
 Schedule = Union[Callable[[int], Sequence[int]], Sequence[Sequence[int]]]
 
 
@@ -66,6 +67,7 @@ class _Pending:
     error: Optional[BaseException] = None
     images: List[Optional[Tensor]] = field(default_factory=list)
     flat: Optional[Tensor] = None
+    claimed: List[int] = field(default_factory=list)  # gpu mode: cameras this batch brings to the device
     event: Optional[object] = None  # torch.cuda.Event after the host->device copy
 
 
@@ -100,10 +102,15 @@ class ImageLoader:
         self._slot_event: List[Optional[object]] = [None] * (prefetch + 1)
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="decode")
         self._pending: Deque[_Pending] = deque()
+        self._inflight: Dict[int, int] = {}  # gpu mode: cameras being read by a pending batch
         self.wait_s: List[float] = []  # per batch, for the benchmark and logs
         self._closed = False
-        for step in range(start_step, min(start_step + prefetch, end_step)):
-            self._submit(step)
+        try:
+            for step in range(start_step, min(start_step + prefetch, end_step)):
+                self._submit(step)
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------ producer side
     def _cams(self, step: int) -> List[int]:
@@ -122,8 +129,16 @@ class ImageLoader:
 
     def _submit(self, step: int) -> None:
         p = _Pending(step, self._cams(step), (step % (self.prefetch + 1)))
-        p.images = [self.cache.device_view(c) if self.cache.mode == "gpu" else None for c in p.cams]
+        p.images = [None] * len(p.cams)
+        if self.cache.mode == "gpu":
+            for j, c in enumerate(p.cams):
+                p.images[j] = self.cache.device_view(c)
+                if p.images[j] is None and c in self._inflight:
+                    p.images[j] = _LATER  # an earlier batch in flight brings it to the device
         todo = [j for j, im in enumerate(p.images) if im is None]
+        p.claimed = [p.cams[j] for j in todo] if self.cache.mode == "gpu" else []
+        for c in p.claimed:
+            self._inflight[c] = self._inflight.get(c, 0) + 1
         self._pending.append(p)
         if not todo:  # nothing to read: a step without own cameras, or all on the device already
             p.done.set()
@@ -195,6 +210,13 @@ class ImageLoader:
         if p.error is not None:
             self.close()
             raise p.error
+        for j, c in enumerate(p.cams):
+            if p.images[j] is _LATER:
+                p.images[j] = self.cache.device_view(c)  # filled by an earlier batch, already consumed
+        for c in p.claimed:
+            self._inflight[c] -= 1
+            if not self._inflight[c]:
+                del self._inflight[c]
         if p.event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(p.event)
@@ -203,7 +225,11 @@ class ImageLoader:
         self.next_step += 1
         ahead = p.step + self.prefetch
         if ahead < self.end_step:
-            self._submit(ahead)
+            try:
+                self._submit(ahead)
+            except BaseException:
+                self.close()
+                raise
         return Batch(p.step, p.cams, p.images, wait, p.flat)
 
     def close(self) -> None:

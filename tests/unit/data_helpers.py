@@ -68,3 +68,40 @@ def pillow_decode(path, size: Optional[Tuple[int, int]] = None, background=None)
     if size is not None and im.size != size:
         im = im.resize(size, Image.BICUBIC)
     return np.asarray(im)
+
+
+def global_batches(num_cameras: int, batch_size: int, steps: int, seed: int = 0):
+    """Stand-in for the distributed batcher: each epoch a shared-seed permutation of the
+    cameras, cut into batches; the same on every rank."""
+    out, epoch = [], 0
+    while len(out) < steps:
+        perm = np.random.default_rng(seed + epoch).permutation(num_cameras)
+        out += [perm[i:i + batch_size].tolist() for i in range(0, num_cameras - batch_size + 1, batch_size)]
+        epoch += 1
+    return out[:steps]
+
+
+def owners(num_cameras: int, world: int, seed: int = 0) -> np.ndarray:
+    """[C] rank owning each camera: a shared-seed permutation dealt round robin."""
+    perm = np.random.default_rng(10_000 + seed).permutation(num_cameras)
+    own = np.empty(num_cameras, np.int64)
+    own[perm] = np.arange(num_cameras) % world
+    return own
+
+
+class CountingSource:
+    """Wraps an ImageSource and counts reads per camera (to see I/O)."""
+
+    def __init__(self, source):
+        self.source, self.reads = source, {}
+        self.names = source.names
+
+    def __len__(self):
+        return len(self.source)
+
+    def read(self, i):
+        self.reads[i] = self.reads.get(i, 0) + 1
+        return self.source.read(i)
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
