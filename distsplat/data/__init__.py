@@ -1,0 +1,27 @@
+"""distsplat.data: scenes and images, up to the point where a rank's own images sit on its
+device (DESIGN.md, the rank-sharded loader).
+
+    parse (colmap / blender / synthetic) -> Scene (all cameras; images by reference)
+    Scene.images: ImageSource (folder, tar shards, in-memory)
+    ImageCache(own_cameras, mode) -> ImageLoader(schedule) -> Batch of own images on the device
+
+Never imports distsplat.render or torch.distributed: ownership (which cameras this rank
+reads) comes in from the distributed batcher as a plain sequence of camera indices.
+"""
+
+from .blender import load_blender, write_blender
+from .cache import CACHE_MODES, ImageCache, choose_mode, ram_budget
+from .colmap import load_colmap
+from .decode import ImageSpec, check_images, decode_into
+from .errors import DataError, OwnershipError
+from .loader import Batch, ImageLoader
+from .scene import Scene
+from .shards import TarShardSource, pack_shards
+from .sources import ArraySource, FolderSource, ImageSource
+from .synthetic import make_synthetic_scene
+
+__all__ = [
+    "ArraySource", "Batch", "CACHE_MODES", "DataError", "FolderSource", "ImageCache", "ImageLoader", "ImageSource",
+    "ImageSpec", "OwnershipError", "Scene", "TarShardSource", "check_images", "choose_mode", "decode_into",
+    "load_blender", "load_colmap", "make_synthetic_scene", "pack_shards", "ram_budget", "write_blender",
+]

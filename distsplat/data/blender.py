@@ -1,0 +1,122 @@
+"""Blender / NeRF-synthetic parser: `transforms_{train,test}.json` + RGBA PNGs -> `Scene`.
+
+Poses in these files are camera-to-world in OpenGL/Blender axes (y up, z backward); the
+Scene holds OpenCV axes, so the y and z camera axes are negated. RGBA images are composited
+on `background` (white by default, as NeRF-synthetic results are usually reported) when
+decoded. The format carries no sparse points: `Scene.points` is empty and the trainer
+initialises Gaussians itself. `write_blender` writes the layout (tests, generated scenes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from PIL import Image
+
+from .decode import probe_images
+from .errors import DataError
+from .normalize import normalize as normalize_world
+from .scene import Scene
+from .sources import FolderSource
+
+log = logging.getLogger(__name__)
+
+GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips a camera's y and z axes
+
+
+def _frames(path: Path) -> Tuple[dict, List[str], np.ndarray]:
+    """(meta, image names relative to the data dir, camtoworlds [F, 4, 4] OpenCV)."""
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
+        raise DataError(f"{path}: expected an object with a non-empty 'frames' list")
+    if not any(k in meta for k in ("camera_angle_x", "fl_x")):
+        raise DataError(f"{path}: needs 'camera_angle_x' (or 'fl_x') for the focal length")
+    names, c2w = [], []
+    for j, frame in enumerate(meta["frames"]):
+        try:
+            name = str(frame["file_path"])
+            M = np.array(frame["transform_matrix"], dtype=np.float64)
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{path}: frame {j} needs 'file_path' and a numeric 'transform_matrix' ({type(e).__name__}: {e})") from None
+        if M.shape != (4, 4) or not np.all(np.isfinite(M)):
+            raise DataError(f"{path}: frame {j} ({name}) transform_matrix must be a finite 4x4 matrix, got shape {M.shape}")
+        name = name[2:] if name.startswith("./") else name
+        if not Path(name).suffix:
+            name += ".png"
+        names.append(name)
+        c2w.append(M @ GL_TO_CV)
+    return meta, names, np.stack(c2w)
+
+
+def load_blender(
+    data_dir: Union[str, Path],
+    background: Optional[Sequence[int]] = (255, 255, 255),
+    normalize: bool = False,
+    check: bool = True,
+) -> Scene:
+    """Train frames first, then test frames, each in file order. `background=None` drops
+    alpha instead of compositing."""
+    data_dir = Path(data_dir)
+    train_file, test_file = data_dir / "transforms_train.json", data_dir / "transforms_test.json"
+    if not train_file.exists():
+        raise DataError(f"{train_file} does not exist (Blender/NeRF-synthetic layout expected)")
+    meta, names, c2w = _frames(train_file)
+    n_train = len(names)
+    if test_file.exists():
+        _, test_names, test_c2w = _frames(test_file)
+        names, c2w = names + test_names, np.concatenate([c2w, test_c2w])
+    else:
+        log.warning("%s does not exist: no test split", test_file)
+
+    source = FolderSource([data_dir / n for n in names], names)
+    source.check_exist()
+    sizes = probe_images(source, range(len(names)) if check else [0])
+    if len(set(sizes)) > 1:
+        bad = next(i for i, s in enumerate(sizes) if s != sizes[0])
+        raise DataError(f"{source.where(bad)}: image is {sizes[bad][0]}x{sizes[bad][1]}, the others {sizes[0][0]}x{sizes[0][1]} "
+                        f"(one camera_angle_x describes all frames)")
+    w, h = sizes[0]
+    fx = float(meta["fl_x"]) if "fl_x" in meta else 0.5 * w / math.tan(0.5 * float(meta["camera_angle_x"]))
+    fy = float(meta.get("fl_y", fx))
+    K = np.array([[fx, 0.0, float(meta.get("cx", w / 2))], [0.0, fy, float(meta.get("cy", h / 2))], [0.0, 0.0, 1.0]])
+    C = len(names)
+    points, transform = np.zeros((0, 3), np.float32), np.eye(4)
+    if normalize:
+        c2w, points, transform = normalize_world(c2w, points)
+    log.info("Blender %s: %d train + %d test frames, %dx%d, background %s", data_dir, n_train, C - n_train, w, h, background)
+    return Scene(
+        names=names, camtoworlds=c2w, Ks=np.tile(K, (C, 1, 1)), widths=np.full(C, w, np.int64),
+        heights=np.full(C, h, np.int64), points=points, points_rgb=np.zeros((0, 3), np.uint8),
+        train=np.arange(n_train, dtype=np.int64), test=np.arange(n_train, C, dtype=np.int64), images=source,
+        background=None if background is None else tuple(int(v) for v in background), transform=transform, kind="blender",
+    )
+
+
+def write_blender(
+    out_dir: Union[str, Path],
+    camtoworlds: np.ndarray,  # [C, 4, 4] OpenCV axes
+    fx: float,
+    images: Sequence[np.ndarray],  # C x [H, W, 4] uint8 RGBA (or [H, W, 3])
+    train: Sequence[int],
+    test: Sequence[int],
+) -> Path:
+    """Writes a NeRF-synthetic layout: `train/r_i.png`, `test/r_i.png`, `transforms_*.json`."""
+    out_dir = Path(out_dir)
+    h, w = images[0].shape[:2]
+    for split, idx in (("train", train), ("test", test)):
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+        frames: List[Dict] = []
+        for j, i in enumerate(idx):
+            Image.fromarray(images[i]).save(out_dir / split / f"r_{j}.png")
+            frames.append({"file_path": f"./{split}/r_{j}", "transform_matrix": (camtoworlds[i] @ GL_TO_CV).tolist()})
+        meta = {"camera_angle_x": 2 * math.atan(0.5 * w / fx), "frames": frames}
+        (out_dir / f"transforms_{split}.json").write_text(json.dumps(meta, indent=1))
+    return out_dir

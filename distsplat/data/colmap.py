@@ -1,0 +1,166 @@
+"""COLMAP parser: `data_dir/sparse/0` + `images/` (or `images_N/`) -> `Scene`.
+
+Follows gsplat's `examples/datasets/colmap.py` where users rely on it: images sorted by
+name; `--data_factor N` reads `images_N/` and scales intrinsics by the actual image size
+over the camera size (per axis); test split from `test.txt`/`train.txt` in `data_dir`, else
+every 8th image (`test_every`). Differences: distorted cameras are refused (with the
+`colmap image_undistorter` command to fix them) instead of undistorted with OpenCV, and
+when `images_N/` is missing, images are downscaled on load (JPEG draft mode) instead of
+written to a new folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import colmap_io
+from .decode import check_sizes, downscaled_size, probe_images
+from .errors import DataError
+from .normalize import normalize as normalize_world
+from .scene import Scene, split_every
+from .sources import FolderSource
+
+log = logging.getLogger(__name__)
+
+# model -> indices of the distortion parameters that must be zero to use it as a pinhole
+DISTORTION = {"SIMPLE_PINHOLE": (), "PINHOLE": (), "SIMPLE_RADIAL": (3,), "RADIAL": (3, 4), "OPENCV": (4, 5, 6, 7)}
+
+
+def intrinsics(cam: colmap_io.Camera, where: Path) -> np.ndarray:
+    """[3, 3] K of a supported camera at its own size; DataError for distorted or unsupported models."""
+    if cam.model not in DISTORTION:
+        raise DataError(f"{where}: camera {cam.id} uses model {cam.model}, which distsplat does not support "
+                        f"(supported: {', '.join(DISTORTION)}). Undistort the images first: "
+                        f"colmap image_undistorter --image_path IMAGES --input_path sparse/0 --output_path OUT")
+    p = cam.params
+    dist = p[list(DISTORTION[cam.model])]
+    if np.any(dist != 0):
+        raise DataError(f"{where}: camera {cam.id} ({cam.model}) has nonzero distortion {dist.tolist()}; distsplat renders "
+                        f"pinhole cameras only. Undistort first: colmap image_undistorter --image_path IMAGES "
+                        f"--input_path sparse/0 --output_path OUT (then use OUT/images and OUT/sparse)")
+    if cam.model in ("SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL"):
+        fx = fy = p[0]
+        cx, cy = p[1], p[2]
+    else:
+        fx, fy, cx, cy = p[:4]
+    return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+
+
+def find_model(data_dir: Path) -> Path:
+    sparse = data_dir / "sparse"
+    for folder in (sparse / "0", sparse):
+        if any((folder / f).exists() for f in ("cameras.bin", "cameras.txt", "images.bin", "images.txt")):
+            return folder
+    if not sparse.is_dir():
+        raise DataError(f"{data_dir}: no COLMAP model (expected {sparse / '0'} with cameras/images/points3D .bin or .txt)")
+    raise DataError(f"{sparse / '0'}: missing or empty COLMAP model (expected cameras/images/points3D .bin or .txt)")
+
+
+def _read_names(path: Path) -> List[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_colmap(
+    data_dir: Union[str, Path],
+    factor: int = 1,
+    normalize: bool = False,
+    test_every: int = 8,
+    check: bool = True,
+) -> Scene:
+    """Parses a COLMAP capture. `check=True` reads every image's header (size, truncation)
+    here, so bad images fail now on every rank rather than mid-training on one."""
+    data_dir = Path(data_dir)
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1, got {factor}")
+    model_dir = find_model(data_dir)
+    model = colmap_io.read_model(model_dir)
+    cam_file = next(model_dir / f for f in ("cameras.bin", "cameras.txt") if (model_dir / f).exists())
+    base_K = {cid: intrinsics(cam, cam_file) for cid, cam in model.cameras.items()}
+
+    images = sorted(model.images.values(), key=lambda im: im.name)
+    names = [im.name for im in images]
+    w2c = np.tile(np.eye(4), (len(images), 1, 1))  # [C, 4, 4]
+    for i, im in enumerate(images):
+        w2c[i, :3, :3] = colmap_io.qvec_to_rotmat(im.qvec)
+        w2c[i, :3, 3] = im.tvec
+    camtoworlds = np.linalg.inv(w2c)
+    cams = [model.cameras[im.camera_id] for im in images]
+
+    # images_N/ when it exists, else images/ downscaled on load.
+    full_dir = data_dir / "images"
+    image_dir = data_dir / f"images_{factor}" if factor > 1 else full_dir
+    on_the_fly = factor > 1 and not image_dir.is_dir()
+    if on_the_fly:
+        log.warning("%s does not exist: downscaling %s by %d while loading (JPEG draft mode); "
+                    "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, factor)
+        image_dir = full_dir
+    if not image_dir.is_dir():
+        raise DataError(f"image folder {image_dir} does not exist")
+    source = FolderSource([image_dir / _match_name(image_dir, n) for n in names], names)
+    source.check_exist()
+
+    # Sizes: every image's header when checking, else the first image of each camera (gsplat).
+    if check:
+        stored = probe_images(source, range(len(names)))
+    else:
+        first = {}
+        for i, im in enumerate(images):
+            if im.camera_id not in first:
+                first[im.camera_id] = probe_images(source, [i])[0]
+        stored = [first[im.camera_id] for im in images]
+    check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
+    loaded = [downscaled_size(w, h, factor) for w, h in stored] if on_the_fly else stored
+
+    Ks = np.stack([base_K[im.camera_id] for im in images])  # [C, 3, 3]
+    sizes = np.array(loaded, dtype=np.int64)  # [C, 2] (w, h)
+    cam_sizes = np.array([(c.width, c.height) for c in cams], dtype=np.float64)
+    Ks[:, 0, :] *= (sizes[:, 0] / cam_sizes[:, 0])[:, None]
+    Ks[:, 1, :] *= (sizes[:, 1] / cam_sizes[:, 1])[:, None]
+
+    train, test = _split(data_dir, names, test_every)
+    points = model.points.xyz.astype(np.float32)
+    transform = np.eye(4)
+    if normalize:
+        camtoworlds, points, transform = normalize_world(camtoworlds, points)
+    log.info("COLMAP %s: %d images, %d cameras, %d points, %d train / %d test, images from %s%s",
+             data_dir, len(names), len(model.cameras), len(points), len(train), len(test), image_dir,
+             f" downscaled by {factor} on load" if on_the_fly else "")
+    return Scene(
+        names=names, camtoworlds=camtoworlds, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1],
+        points=points, points_rgb=model.points.rgb.copy(), train=train, test=test, images=source,
+        source_sizes=np.array(stored, dtype=np.int64) if on_the_fly else None, transform=transform, kind="colmap",
+    )
+
+
+def _match_name(image_dir: Path, name: str) -> str:
+    """images_N/ may hold PNGs for JPEG originals (gsplat writes them so): same stem, any extension."""
+    if (image_dir / name).exists():
+        return name
+    stem = Path(name).with_suffix("")
+    matches = sorted(image_dir.glob(f"{stem}.*")) if "*" not in name and "?" not in name else []
+    return str(Path(name).parent / matches[0].name) if len(matches) == 1 else name
+
+
+def _split(data_dir: Path, names: Sequence[str], test_every: int):
+    test_file, train_file = data_dir / "test.txt", data_dir / "train.txt"
+    if not test_file.exists():
+        return split_every(names, test_every)
+    pos = {n: i for i, n in enumerate(names)}
+    test_names = _read_names(test_file)
+    unknown = [n for n in test_names if n not in pos]
+    if unknown:
+        raise DataError(f"{test_file}: names {unknown[:3]} are not images of the COLMAP model")
+    test = np.array(sorted(pos[n] for n in test_names), dtype=np.int64)
+    if train_file.exists():
+        train_names = _read_names(train_file)
+        unknown = [n for n in train_names if n not in pos]
+        if unknown:
+            raise DataError(f"{train_file}: names {unknown[:3]} are not images of the COLMAP model")
+        train = np.array(sorted(pos[n] for n in train_names), dtype=np.int64)
+    else:
+        train = np.setdiff1d(np.arange(len(names)), test)
+    return train, test

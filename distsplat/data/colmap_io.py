@@ -1,0 +1,281 @@
+"""Readers and writers of COLMAP sparse models (`cameras`, `images`, `points3D`, binary
+`.bin` and text `.txt`), with numpy and struct only.
+
+This is the bottom of the COLMAP branch of the data flow: `colmap.py` turns the raw model
+returned here into a `Scene`. The writers exist for tests (text round trip, deliberately
+broken models) and for tools that export generated scenes in COLMAP layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Tuple
+
+import numpy as np
+
+from .errors import DataError
+
+log = logging.getLogger(__name__)
+
+# model id -> (name, number of params); COLMAP's src/colmap/sensor/models.h
+CAMERA_MODELS: Dict[int, Tuple[str, int]] = {
+    0: ("SIMPLE_PINHOLE", 3),
+    1: ("PINHOLE", 4),
+    2: ("SIMPLE_RADIAL", 4),
+    3: ("RADIAL", 5),
+    4: ("OPENCV", 8),
+    5: ("OPENCV_FISHEYE", 8),
+    6: ("FULL_OPENCV", 12),
+    7: ("FOV", 5),
+    8: ("SIMPLE_RADIAL_FISHEYE", 4),
+    9: ("RADIAL_FISHEYE", 5),
+    10: ("THIN_PRISM_FISHEYE", 12),
+    11: ("RAD_TAN_THIN_PRISM_FISHEYE", 16),
+}
+MODEL_IDS = {name: mid for mid, (name, _) in CAMERA_MODELS.items()}
+
+
+@dataclass
+class Camera:
+    id: int
+    model: str
+    width: int
+    height: int
+    params: np.ndarray  # [P] float64, COLMAP's order for the model
+
+
+@dataclass
+class Image:
+    id: int
+    qvec: np.ndarray  # [4] float64 (w, x, y, z), world-to-camera rotation
+    tvec: np.ndarray  # [3] float64, world-to-camera translation
+    camera_id: int
+    name: str
+
+
+@dataclass
+class Points:
+    ids: np.ndarray  # [P] int64
+    xyz: np.ndarray  # [P, 3] float64
+    rgb: np.ndarray  # [P, 3] uint8
+    error: np.ndarray  # [P] float64
+
+
+@dataclass
+class Model:
+    cameras: Dict[int, Camera]
+    images: Dict[int, Image]
+    points: Points
+
+
+def qvec_to_rotmat(q: np.ndarray) -> np.ndarray:
+    """[4] (w, x, y, z) unit quaternion -> [3, 3] rotation matrix."""
+    w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+# ---------------------------------------------------------------- binary
+
+class _Reader:
+    """Bounds-checked cursor over a file's bytes, so truncation is a DataError naming the file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.buf = path.read_bytes()
+        self.pos = 0
+
+    def unpack(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise DataError(f"{self.path}: truncated (wanted {size} bytes at offset {self.pos}, file has {len(self.buf)})")
+        out = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return out
+
+    def skip(self, n: int) -> None:
+        if self.pos + n > len(self.buf):
+            raise DataError(f"{self.path}: truncated (wanted {n} bytes at offset {self.pos}, file has {len(self.buf)})")
+        self.pos += n
+
+    def cstring(self) -> str:
+        end = self.buf.find(b"\0", self.pos)
+        if end < 0:
+            raise DataError(f"{self.path}: truncated image name at offset {self.pos}")
+        s = self.buf[self.pos:end].decode("utf-8")
+        self.pos = end + 1
+        return s
+
+
+def read_cameras_bin(path: Path) -> Dict[int, Camera]:
+    r = _Reader(path)
+    cameras = {}
+    for _ in range(r.unpack("<Q")[0]):
+        cid, mid, w, h = r.unpack("<iiQQ")
+        if mid not in CAMERA_MODELS:
+            raise DataError(f"{path}: camera {cid} has unknown camera model id {mid}")
+        name, n = CAMERA_MODELS[mid]
+        cameras[cid] = Camera(cid, name, w, h, np.array(r.unpack(f"<{n}d")))
+    return cameras
+
+
+def read_images_bin(path: Path) -> Dict[int, Image]:
+    r = _Reader(path)
+    images = {}
+    for _ in range(r.unpack("<Q")[0]):
+        iid, qw, qx, qy, qz, tx, ty, tz, cid = r.unpack("<i7di")
+        name = r.cstring()
+        r.skip(24 * r.unpack("<Q")[0])  # points2D (x, y, point3D_id): not needed to train
+        images[iid] = Image(iid, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), cid, name)
+    return images
+
+
+def read_points_bin(path: Path) -> Points:
+    r = _Reader(path)
+    n = r.unpack("<Q")[0]
+    ids = np.empty(n, np.int64)
+    xyz = np.empty((n, 3), np.float64)
+    rgb = np.empty((n, 3), np.uint8)
+    err = np.empty(n, np.float64)
+    for i in range(n):
+        ids[i], x, y, z, cr, cg, cb, err[i], track = r.unpack("<Q3d3BdQ")
+        xyz[i] = (x, y, z)
+        rgb[i] = (cr, cg, cb)
+        r.skip(8 * track)  # track (image_id, point2D_idx) pairs
+    return Points(ids, xyz, rgb, err)
+
+
+def write_model_bin(model: Model, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "cameras.bin", "wb") as f:
+        f.write(struct.pack("<Q", len(model.cameras)))
+        for c in model.cameras.values():
+            f.write(struct.pack("<iiQQ", c.id, MODEL_IDS[c.model], c.width, c.height))
+            f.write(struct.pack(f"<{len(c.params)}d", *c.params))
+    with open(folder / "images.bin", "wb") as f:
+        f.write(struct.pack("<Q", len(model.images)))
+        for im in model.images.values():
+            f.write(struct.pack("<i7di", im.id, *im.qvec, *im.tvec, im.camera_id))
+            f.write(im.name.encode("utf-8") + b"\0" + struct.pack("<Q", 0))
+    p = model.points
+    with open(folder / "points3D.bin", "wb") as f:
+        f.write(struct.pack("<Q", len(p.ids)))
+        for i in range(len(p.ids)):
+            f.write(struct.pack("<Q3d3BdQ", p.ids[i], *p.xyz[i], *p.rgb[i], p.error[i], 0))
+
+
+# ---------------------------------------------------------------- text
+
+def _text_lines(path: Path):
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                yield lineno, line
+
+
+def read_cameras_txt(path: Path) -> Dict[int, Camera]:
+    cameras = {}
+    for lineno, line in _text_lines(path):
+        parts = line.split()
+        try:
+            cid, model, w, h = int(parts[0]), parts[1], int(parts[2]), int(parts[3])
+            params = np.array([float(v) for v in parts[4:]])
+        except (IndexError, ValueError) as e:
+            raise DataError(f"{path}:{lineno}: malformed camera line ({e})") from None
+        if model not in MODEL_IDS:
+            raise DataError(f"{path}:{lineno}: camera {cid} has unknown camera model {model!r}")
+        cameras[cid] = Camera(cid, model, w, h, params)
+    return cameras
+
+
+def read_images_txt(path: Path) -> Dict[int, Image]:
+    """As COLMAP reads it: a pose line (10 fields), then one points2D line, possibly empty."""
+    images = {}
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        try:
+            iid, vals, cid, name = int(parts[0]), [float(v) for v in parts[1:8]], int(parts[8]), parts[9]
+        except (IndexError, ValueError) as e:
+            raise DataError(f"{path}:{i}: malformed image line ({e})") from None
+        images[iid] = Image(iid, np.array(vals[:4]), np.array(vals[4:7]), cid, name)
+        i += 1  # its points2D line
+    return images
+
+
+def read_points_txt(path: Path) -> Points:
+    rows = []
+    for lineno, line in _text_lines(path):
+        parts = line.split()
+        if len(parts) < 8:
+            raise DataError(f"{path}:{lineno}: malformed point line")
+        rows.append(parts[:8])
+    if not rows:
+        return Points(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0))
+    a = np.array(rows)
+    return Points(a[:, 0].astype(np.int64), a[:, 1:4].astype(np.float64), a[:, 4:7].astype(np.uint8), a[:, 7].astype(np.float64))
+
+
+def write_model_txt(model: Model, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "cameras.txt", "w") as f:
+        f.write("# CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]\n")
+        for c in model.cameras.values():
+            f.write(f"{c.id} {c.model} {c.width} {c.height} " + " ".join(repr(float(v)) for v in c.params) + "\n")
+    with open(folder / "images.txt", "w") as f:
+        f.write("# IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME\n# POINTS2D[] as (X, Y, POINT3D_ID)\n")
+        for im in model.images.values():
+            vals = " ".join(repr(float(v)) for v in (*im.qvec, *im.tvec))
+            f.write(f"{im.id} {vals} {im.camera_id} {im.name}\n\n")
+    p = model.points
+    with open(folder / "points3D.txt", "w") as f:
+        f.write("# POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[]\n")
+        for i in range(len(p.ids)):
+            x, y, z = (repr(float(v)) for v in p.xyz[i])
+            f.write(f"{p.ids[i]} {x} {y} {z} {p.rgb[i][0]} {p.rgb[i][1]} {p.rgb[i][2]} {float(p.error[i])!r}\n")
+
+
+# ---------------------------------------------------------------- both
+
+def read_model(folder: Path) -> Model:
+    """Reads `folder/{cameras,images,points3D}.bin`, else the `.txt` files.
+    Raises DataError when the folder is missing, empty or inconsistent."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"COLMAP model folder {folder} does not exist (expected sparse/0 with cameras, images, points3D .bin or .txt)")
+    for ext, readers in ((".bin", (read_cameras_bin, read_images_bin, read_points_bin)),
+                         (".txt", (read_cameras_txt, read_images_txt, read_points_txt))):
+        paths = [folder / f"{stem}{ext}" for stem in ("cameras", "images", "points3D")]
+        if paths[0].exists() or paths[1].exists():
+            for p in paths[:2]:
+                if not p.exists():
+                    raise DataError(f"{p} is missing (COLMAP model in {folder} is incomplete)")
+            cameras, images = readers[0](paths[0]), readers[1](paths[1])
+            points = readers[2](paths[2]) if paths[2].exists() else Points(
+                np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0))
+            break
+    else:
+        raise DataError(f"COLMAP model folder {folder} has no cameras.bin/images.bin or cameras.txt/images.txt")
+    if not images:
+        raise DataError(f"{paths[1]}: the COLMAP model has no registered images")
+    for im in images.values():
+        if im.camera_id not in cameras:
+            raise DataError(f"{paths[1]}: image {im.name!r} names camera {im.camera_id}, which {paths[0].name} does not define "
+                            f"(defined: {sorted(cameras)})")
+    log.debug("read COLMAP model %s: %d cameras, %d images, %d points", folder, len(cameras), len(images), len(points.ids))
+    return Model(cameras, images, points)

@@ -1,0 +1,147 @@
+"""Decoding one stored image into a caller-owned [H, W, 3] uint8 buffer: the only place
+pixels are produced, used by every cache mode and every decode worker, so all modes give
+the same bytes as a plain Pillow decode.
+
+Also the up-front image checks (`check_images`): missing files, headers that do not parse,
+truncated JPEGs and sizes that match no downscale of their camera are found here while
+the scene is loaded, before the trainer's first collective.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple, Union
+
+import numpy as np
+from PIL import Image
+
+from .errors import DataError
+
+log = logging.getLogger(__name__)
+
+# Headers (JPEG SOF, PNG IHDR) are near the start; 256 KiB also covers big EXIF blocks.
+HEADER_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    name: str
+    width: int  # size the image is loaded at
+    height: int
+    src_width: int  # size of the stored image; differs when downscaled on the fly
+    src_height: int
+    background: Optional[Tuple[int, int, int]] = None  # composite RGBA on this RGB
+
+    @property
+    def nbytes(self) -> int:
+        return self.width * self.height * 3
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        return (self.height, self.width, 3)
+
+
+def decode_image(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, where: str) -> Image.Image:
+    """Encoded bytes (or an in-memory [H, W, 3] uint8 array) -> RGB PIL image of spec's size.
+
+    JPEGs that are downscaled on load use Pillow's draft mode (libjpeg's DCT scaling to the
+    smallest power-of-two reduction still >= the target), then a bicubic resize."""
+    if isinstance(data, np.ndarray):
+        if data.shape != spec.shape or data.dtype != np.uint8:
+            raise DataError(f"{where}: in-memory image is {data.shape} {data.dtype}, expected {spec.shape} uint8")
+        return Image.fromarray(data)
+    try:
+        im = Image.open(io.BytesIO(data))
+        if (im.width, im.height) != (spec.src_width, spec.src_height):
+            raise DataError(f"{where}: image is {im.width}x{im.height}, expected {spec.src_width}x{spec.src_height}")
+        resize = (spec.width, spec.height) != (im.width, im.height)
+        if resize and im.format == "JPEG":
+            im.draft("RGB", (spec.width, spec.height))
+        im.load()
+    except DataError:
+        raise
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for bad data
+        raise DataError(f"{where}: cannot decode image ({type(e).__name__}: {e})") from None
+    has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
+    if spec.background is not None and has_alpha:  # without a background, alpha is dropped (gsplat: [..., :3])
+        bg = Image.new("RGBA", im.size, (*spec.background, 255))
+        im = Image.alpha_composite(bg, im.convert("RGBA"))
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    if resize and im.size != (spec.width, spec.height):
+        im = im.resize((spec.width, spec.height), Image.BICUBIC)
+    return im
+
+
+def decode_into(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, out: np.ndarray, where: str) -> None:
+    """Decodes into out [H, W, 3] uint8 (a slot of a cache or of a pinned batch buffer).
+    Pillow keeps RGB as 4 bytes a pixel, so one packing copy into `out` is unavoidable."""
+    if isinstance(data, np.ndarray):
+        if data.shape != spec.shape or data.dtype != np.uint8:
+            raise DataError(f"{where}: in-memory image is {data.shape} {data.dtype}, expected {spec.shape} uint8")
+        out[...] = data
+        return
+    out[...] = np.asarray(decode_image(data, spec, where))
+
+
+def header_size(head: bytes, where: str) -> Tuple[int, int]:
+    """(width, height) from the first bytes of an encoded image."""
+    try:
+        with Image.open(io.BytesIO(head)) as im:
+            return im.size
+    except Exception as e:
+        raise DataError(f"{where}: not a readable image ({type(e).__name__}: {e})") from None
+
+
+def is_jpeg(head: bytes) -> bool:
+    return head[:3] == b"\xff\xd8\xff"
+
+
+def check_truncated(head: bytes, tail: bytes, where: str) -> None:
+    """A JPEG must end with the EOI marker FFD9 (optionally followed by padding zeros that
+    some cameras append); a cut-off download or copy does not."""
+    if is_jpeg(head) and not tail.rstrip(b"\0").endswith(b"\xff\xd9"):
+        raise DataError(f"{where}: truncated JPEG (no end-of-image marker); re-copy or re-export the file")
+
+
+def scale_matches(w: int, h: int, cam_w: int, cam_h: int) -> bool:
+    """True when (w, h) is (cam_w, cam_h) scaled by one factor s, up to rounding (1 px)."""
+    lo = max((w - 1) / cam_w, (h - 1) / cam_h)
+    hi = min((w + 1) / cam_w, (h + 1) / cam_h)
+    return lo <= hi and hi > 0
+
+
+def downscaled_size(w: int, h: int, factor: int) -> Tuple[int, int]:
+    """gsplat's `_resize_image_folder` size: round(w / factor), round(h / factor)."""
+    return int(round(w / factor)), int(round(h / factor))
+
+
+def check_sizes(names: Sequence[str], sizes: Sequence[Tuple[int, int]], cam_sizes: Sequence[Tuple[int, int]], where: Sequence[str]) -> None:
+    for name, (w, h), (cw, ch), path in zip(names, sizes, cam_sizes, where):
+        if not scale_matches(w, h, cw, ch):
+            raise DataError(f"{path}: image is {w}x{h} but its camera is {cw}x{ch}; no downscale of the camera gives that size "
+                            f"(wrong image, or an images_N/ folder made with a different factor)")
+
+
+def probe_images(source, indices: Sequence[int]) -> list:
+    """Reads the header (and the last bytes) of each image of `source` at `indices`:
+    raises DataError for an unreadable header or a truncated JPEG; returns [(w, h)]."""
+    sizes = []
+    for i in indices:
+        where = source.where(i)
+        head, tail = source.peek(i, HEADER_BYTES)
+        w, h = header_size(head, where)
+        check_truncated(head, tail, where)
+        sizes.append((w, h))
+    return sizes
+
+
+def check_images(source, specs: Sequence[ImageSpec], indices: Sequence[int]) -> None:
+    """Checks that each image of `source` at `indices` is readable, not truncated, and of
+    the stored size its spec expects (e.g. after swapping a folder for tar shards)."""
+    for i, (w, h) in zip(indices, probe_images(source, indices)):
+        s = specs[i]
+        if (w, h) != (s.src_width, s.src_height):
+            raise DataError(f"{source.where(i)}: image is {w}x{h}, expected {s.src_width}x{s.src_height}")

@@ -1,0 +1,96 @@
+"""`Scene`: what every parser returns and every rank holds in full (DESIGN.md: "every rank
+holds the parameters of all cameras"). Cameras are tiny, so all of them live here; the
+images do not: `Scene.images` is an `ImageSource` that reads one camera's encoded image
+when the rank that owns the camera asks for it.
+
+Conventions (gsplat's): camera-to-world and world-to-camera matrices in OpenCV axes
+(x right, y down, z forward); intrinsics `Ks` already scaled to the size the images are
+loaded at (`--data_factor`), and `widths`/`heights` are that size.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .decode import ImageSpec
+from .sources import ImageSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scene:
+    names: List[str]  # [C_all] image names, sorted as gsplat sorts them (by name)
+    camtoworlds: np.ndarray  # [C_all, 4, 4] float64, OpenCV axes
+    Ks: np.ndarray  # [C_all, 3, 3] float64, at the loaded image size
+    widths: np.ndarray  # [C_all] int64, loaded image width
+    heights: np.ndarray  # [C_all] int64, loaded image height
+    points: np.ndarray  # [P, 3] float32 sparse points (initialisation)
+    points_rgb: np.ndarray  # [P, 3] uint8
+    train: np.ndarray  # [C_train] int64 camera indices
+    test: np.ndarray  # [C_test] int64 camera indices
+    images: Optional[ImageSource]  # encoded images by camera index; None until a synthetic scene is rendered
+    source_sizes: Optional[np.ndarray] = None  # [C_all, 2] (w, h) of the stored images when they are resized on load
+    background: Optional[Tuple[int, int, int]] = None  # RGB that RGBA images are composited on
+    transform: np.ndarray = field(default_factory=lambda: np.eye(4))  # [4, 4] normalised world = transform @ input world
+    gaussians: Optional[Dict[str, np.ndarray]] = None  # ground-truth Gaussians of a synthetic scene
+    kind: str = "colmap"
+
+    def __post_init__(self) -> None:
+        C = len(self.names)
+        expect = {"camtoworlds": (C, 4, 4), "Ks": (C, 3, 3), "widths": (C,), "heights": (C,)}
+        for key, shape in expect.items():
+            if getattr(self, key).shape != shape:
+                raise ValueError(f"Scene.{key} has shape {getattr(self, key).shape}, expected {shape}")
+        if self.points.ndim != 2 or self.points.shape[1] != 3 or self.points_rgb.shape != self.points.shape:
+            raise ValueError(f"Scene.points {self.points.shape} and points_rgb {self.points_rgb.shape} must both be [P, 3]")
+        if len(set(self.names)) != C:
+            raise ValueError("Scene.names has duplicates")
+
+    @property
+    def num_cameras(self) -> int:
+        return len(self.names)
+
+    @property
+    def viewmats(self) -> np.ndarray:
+        """[C_all, 4, 4] float64 world-to-camera (OpenCV axes), what the renderer takes."""
+        return np.linalg.inv(self.camtoworlds)
+
+    def camera_tensors(self, dtype=None, device=None) -> Dict[str, object]:
+        """Torch-ready cameras: viewmats [C_all, 4, 4], Ks [C_all, 3, 3], widths/heights [C_all]."""
+        import torch
+
+        dtype = dtype or torch.float32
+        return {
+            "viewmats": torch.as_tensor(self.viewmats, dtype=dtype, device=device),
+            "Ks": torch.as_tensor(self.Ks, dtype=dtype, device=device),
+            "widths": torch.as_tensor(self.widths, dtype=torch.int64, device=device),
+            "heights": torch.as_tensor(self.heights, dtype=torch.int64, device=device),
+        }
+
+    def spec(self, index: int) -> ImageSpec:
+        """How camera `index`'s stored image becomes its [H, W, 3] uint8 training image."""
+        w, h = int(self.widths[index]), int(self.heights[index])
+        src = (w, h) if self.source_sizes is None else tuple(int(v) for v in self.source_sizes[index])
+        return ImageSpec(self.names[index], w, h, src[0], src[1], self.background)
+
+    def specs(self, indices: Optional[Sequence[int]] = None) -> List[ImageSpec]:
+        indices = range(self.num_cameras) if indices is None else indices
+        return [self.spec(i) for i in indices]
+
+    def decoded_nbytes(self, indices: Optional[Sequence[int]] = None) -> int:
+        idx = np.arange(self.num_cameras) if indices is None else np.asarray(indices, dtype=np.int64)
+        return int((self.widths[idx] * self.heights[idx] * 3).sum())
+
+
+def split_every(names: Sequence[str], test_every: int) -> Tuple[np.ndarray, np.ndarray]:
+    """gsplat's split over name-sorted images: index % test_every == 0 -> test, the rest train."""
+    idx = np.arange(len(names))
+    if test_every <= 0:
+        return idx, idx[:0]
+    is_test = idx % test_every == 0
+    return idx[~is_test], idx[is_test]

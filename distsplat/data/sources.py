@@ -1,0 +1,124 @@
+"""Image sources: where a camera's encoded image comes from. A `Scene` holds one; a rank's
+image cache (cache.py) calls `read(i)` only for the cameras the rank owns.
+
+- `FolderSource`: one file per image (COLMAP `images*/`, Blender `train/*.png`).
+- `TarShardSource` (shards.py): tar shards + a JSON index, read by offset.
+- `ArraySource`: in-memory [H, W, 3] uint8 images, e.g. a synthetic scene's renders, or a
+  function that produces camera i's image on demand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .errors import DataError
+
+log = logging.getLogger(__name__)
+
+Encoded = Union[bytes, np.ndarray]
+
+
+class ImageSource(ABC):
+    """Encoded images by camera index. Implementations must be safe to call from several
+    decode threads at once."""
+
+    names: List[str]  # [C_all]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @abstractmethod
+    def read(self, index: int) -> Encoded:
+        """Encoded bytes of camera `index` (or a [H, W, 3] uint8 array for in-memory sources)."""
+
+    @abstractmethod
+    def encoded_size(self, index: int) -> int:
+        """Bytes `read(index)` returns; known without reading (file size, index length)."""
+
+    @abstractmethod
+    def peek(self, index: int, head: int) -> Tuple[bytes, bytes]:
+        """(first `head` bytes, last 16 bytes) of the encoded image, for header checks."""
+
+    def where(self, index: int) -> str:
+        """What an error message names: a path, or a shard and offset."""
+        return self.names[index]
+
+    def close(self) -> None:
+        pass
+
+
+class FolderSource(ImageSource):
+    """Images as files: `paths[i]` is camera i's file."""
+
+    def __init__(self, paths: Sequence[Union[str, Path]], names: Optional[Sequence[str]] = None):
+        self.paths = [Path(p) for p in paths]
+        self.names = list(names) if names is not None else [p.name for p in self.paths]
+        self._sizes: Dict[int, int] = {}
+
+    def check_exist(self) -> None:
+        """Every file present, else DataError naming the first missing (and how many)."""
+        missing = [p for p in self.paths if not p.is_file()]
+        if missing:
+            raise DataError(f"image file {missing[0]} is missing ({len(missing)} of {len(self.paths)} images missing)")
+
+    def read(self, index: int) -> bytes:
+        try:
+            with open(self.paths[index], "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise DataError(f"{self.paths[index]}: cannot read image ({e.strerror})") from None
+
+    def encoded_size(self, index: int) -> int:
+        if index not in self._sizes:
+            try:
+                self._sizes[index] = os.stat(self.paths[index]).st_size
+            except OSError as e:
+                raise DataError(f"{self.paths[index]}: cannot stat image ({e.strerror})") from None
+        return self._sizes[index]
+
+    def peek(self, index: int, head: int) -> Tuple[bytes, bytes]:
+        try:
+            with open(self.paths[index], "rb") as f:
+                first = f.read(head)
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - 16))
+                return first, f.read(16)
+        except OSError as e:
+            raise DataError(f"{self.paths[index]}: cannot read image ({e.strerror})") from None
+
+    def where(self, index: int) -> str:
+        return str(self.paths[index])
+
+
+class ArraySource(ImageSource):
+    """In-memory images: a list of [H, W, 3] uint8 arrays, or `fn(i) -> array` called when
+    camera i is read (the trainer renders a synthetic scene's ground truth this way)."""
+
+    def __init__(self, names: Sequence[str], images: Union[Sequence[np.ndarray], Callable[[int], np.ndarray]],
+                 shapes: Optional[Sequence[Tuple[int, int, int]]] = None):
+        self.names = list(names)
+        self._images = images
+        if shapes is None:
+            if callable(images):
+                raise ValueError("ArraySource(fn) needs shapes [(H, W, 3)] so caches can size themselves without rendering")
+            shapes = [tuple(a.shape) for a in images]
+        self._shapes = [tuple(s) for s in shapes]
+
+    def read(self, index: int) -> np.ndarray:
+        img = self._images(index) if callable(self._images) else self._images[index]
+        return np.asarray(img)
+
+    def encoded_size(self, index: int) -> int:
+        return int(np.prod(self._shapes[index]))
+
+    def peek(self, index: int, head: int) -> Tuple[bytes, bytes]:
+        return b"", b""
+
+    def where(self, index: int) -> str:
+        return f"in-memory image {self.names[index]!r}"

@@ -1,0 +1,159 @@
+"""Bad inputs: each is a DataError naming the file, raised while the scene/source is
+built (before any collective), or, for damage only a decode can see, by the loader."""
+
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from distsplat.data import DataError, ImageCache, ImageLoader, TarShardSource, load_blender, load_colmap, pack_shards
+from distsplat.data import colmap_io
+
+from .data_helpers import make_colmap_dataset, scene_to_model
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    return make_colmap_dataset(tmp_path / "d", num_cameras=6)
+
+
+def test_missing_image(dataset):
+    victim = dataset / "images_2" / "synthetic_00003.jpg"
+    victim.unlink()
+    with pytest.raises(DataError, match="synthetic_00003.jpg is missing"):
+        load_colmap(dataset, factor=2)
+
+
+def test_truncated_jpeg(dataset):
+    victim = dataset / "images" / "synthetic_00002.jpg"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"synthetic_00002.jpg: truncated JPEG"):
+        load_colmap(dataset)
+
+
+def test_corrupt_jpeg_header(dataset):
+    victim = dataset / "images" / "synthetic_00004.jpg"
+    victim.write_bytes(b"\xff\xd8\xff" + os.urandom(200) + b"\xff\xd9")
+    with pytest.raises(DataError, match="synthetic_00004.jpg: not a readable image"):
+        load_colmap(dataset)
+
+
+def test_corrupt_jpeg_body_found_by_decode(dataset):
+    """Damage that leaves header and trailer intact passes the up-front check; the owning
+    rank's decode raises it, naming the file, out of the loader on the consumer's thread."""
+    victim = dataset / "images" / "synthetic_00001.jpg"
+    data = bytearray(victim.read_bytes())
+    sos = data.find(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2: sos + 4], "big")  # first byte of entropy-coded data
+    data[start: start + 2] = b"\xff\xd8"  # a start-of-image marker inside the scan: libjpeg gives up
+    victim.write_bytes(bytes(data))
+    scene = load_colmap(dataset)
+    cache = ImageCache(scene.images, scene.specs(), [1], mode="decoded")
+    with pytest.raises(DataError, match="synthetic_00001.jpg: cannot decode"):
+        with ImageLoader(cache, [[1]], num_workers=1) as loader:
+            next(loader)
+
+
+def test_size_matching_no_downscale(dataset):
+    from PIL import Image
+
+    victim = dataset / "images_2" / "synthetic_00000.jpg"
+    Image.new("RGB", (40, 40)).save(victim)
+    with pytest.raises(DataError, match="synthetic_00000.jpg: image is 40x40 but its camera is 64x48; no downscale"):
+        load_colmap(dataset, factor=2)
+
+
+def test_images_bin_names_unknown_camera(dataset):
+    model = colmap_io.read_model(dataset / "sparse" / "0")
+    model.images[3].camera_id = 7
+    colmap_io.write_model_bin(model, dataset / "sparse" / "0")
+    with pytest.raises(DataError, match=r"images.bin: image 'synthetic_00002.jpg' names camera 7"):
+        load_colmap(dataset)
+
+
+def test_unsupported_camera_model(dataset):
+    model = colmap_io.read_model(dataset / "sparse" / "0")
+    model.cameras[1] = colmap_io.Camera(1, "OPENCV_FISHEYE", 64, 48, np.array([50.0, 50, 32, 24, 0, 0, 0, 0]))
+    colmap_io.write_model_bin(model, dataset / "sparse" / "0")
+    with pytest.raises(DataError, match="cameras.bin: camera 1 uses model OPENCV_FISHEYE, which distsplat does not support"):
+        load_colmap(dataset)
+
+
+def test_unknown_camera_model_id(dataset):
+    path = dataset / "sparse" / "0" / "cameras.bin"
+    data = bytearray(path.read_bytes())
+    data[12:16] = struct.pack("<i", 99)  # model id of the first camera
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="cameras.bin: camera 1 has unknown camera model id 99"):
+        load_colmap(dataset)
+
+
+def test_truncated_model_file(dataset):
+    path = dataset / "sparse" / "0" / "images.bin"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(DataError, match="images.bin: truncated"):
+        load_colmap(dataset)
+
+
+def test_empty_sparse_0(dataset):
+    for f in (dataset / "sparse" / "0").iterdir():
+        f.unlink()
+    with pytest.raises(DataError, match=r"sparse/0: missing or empty COLMAP model"):
+        load_colmap(dataset)
+
+
+def test_missing_sparse(dataset):
+    shutil.rmtree(dataset / "sparse")
+    with pytest.raises(DataError, match=r"no COLMAP model \(expected .*sparse/0"):
+        load_colmap(dataset)
+
+
+def test_model_without_images(dataset):
+    model = colmap_io.read_model(dataset / "sparse" / "0")
+    model.images.clear()
+    colmap_io.write_model_bin(model, dataset / "sparse" / "0")
+    with pytest.raises(DataError, match="images.bin: the COLMAP model has no registered images"):
+        load_colmap(dataset)
+
+
+def test_missing_image_folder(dataset):
+    shutil.rmtree(dataset / "images")
+    with pytest.raises(DataError, match=r"image folder .*images does not exist"):
+        load_colmap(dataset, factor=1)
+
+
+def test_malformed_cameras_txt(dataset, tmp_path):
+    model = colmap_io.read_model(dataset / "sparse" / "0")
+    txt = tmp_path / "t" / "sparse" / "0"
+    colmap_io.write_model_txt(model, txt)
+    (txt / "cameras.txt").write_text("1 PINHOLE 64 forty-eight 1 2 3 4\n")
+    (tmp_path / "t" / "images").symlink_to(dataset / "images")
+    with pytest.raises(DataError, match=r"cameras.txt:1: malformed camera line"):
+        load_colmap(tmp_path / "t")
+
+
+def test_shard_index_past_end(dataset, tmp_path):
+    index = pack_shards(dataset / "images", tmp_path / "shards", shard_size_mb=1)
+    meta = json.loads(index.read_text())
+    meta["images"]["synthetic_00005.jpg"][1] += 10_000_000
+    index.write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"index.json: image 'synthetic_00005.jpg' at offset \d+ length \d+ points past the end of .*shard-00000.tar"):
+        TarShardSource(index)
+
+
+def test_shard_index_missing_name_and_malformed(dataset, tmp_path):
+    index = pack_shards(dataset / "images", tmp_path / "shards", shard_size_mb=1)
+    with pytest.raises(DataError, match="'nope.jpg' is not in the shard index"):
+        TarShardSource(index, names=["nope.jpg"])
+    index.write_text("{]")
+    with pytest.raises(DataError, match="index.json: malformed shard index"):
+        TarShardSource(index)
+
+
+def test_missing_transforms(tmp_path):
+    with pytest.raises(DataError, match="transforms_train.json does not exist"):
+        load_blender(tmp_path)

@@ -1,0 +1,106 @@
+"""The prefetching loader: batch order and pixels, mid-epoch resume, no I/O for steps
+without own cameras, bounded read-ahead, errors surfaced on the consumer, clean close."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from distsplat.data import ImageCache, ImageLoader, load_colmap
+
+from .data_helpers import CountingSource, global_batches, make_colmap_dataset, owners, pillow_decode
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_colmap_dataset(tmp_path_factory.mktemp("loader") / "d", num_cameras=16, width=48, height=32, factors=())
+
+
+def rank_schedule(num_cameras, rank=1, world=2, steps=20):
+    owner = owners(num_cameras, world)
+    batches = global_batches(num_cameras, 3, steps, seed=5)
+    return [[c for c in b if owner[c] == rank] for b in batches], np.flatnonzero(owner == rank).tolist()
+
+
+def run(loader):
+    out = []
+    for batch in loader:
+        out.append((batch.step, [int(c) for c in batch.cameras], [im.numpy().copy() for im in batch.images]))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["none", "compressed", "decoded", "gpu"])
+def test_resume_mid_epoch_yields_the_same_rest(dataset, mode):
+    scene = load_colmap(dataset)
+    schedule, own = rank_schedule(scene.num_cameras)
+    full = run(ImageLoader(ImageCache(scene.images, scene.specs(), own, mode=mode), schedule, num_workers=2, prefetch=3))
+    assert [s for s, _, _ in full] == list(range(len(schedule)))
+    k = 7  # mid-epoch: 16 cameras / batch 3 = 5 steps an epoch
+    resumed = run(ImageLoader(ImageCache(scene.images, scene.specs(), own, mode=mode), lambda s: schedule[s],
+                              start_step=k, end_step=len(schedule), num_workers=3, prefetch=2))
+    assert len(resumed) == len(full) - k
+    for (s1, c1, im1), (s2, c2, im2) in zip(full[k:], resumed):
+        assert (s1, c1) == (s2, c2)
+        for a, b in zip(im1, im2):
+            np.testing.assert_array_equal(a, b)
+    for _, cams, ims in full:
+        for c, im in zip(cams, ims):
+            np.testing.assert_array_equal(im, pillow_decode(dataset / "images" / scene.names[c]))
+
+
+def test_step_without_own_cameras_does_no_io(dataset):
+    scene = load_colmap(dataset)
+    src = CountingSource(scene.images)
+    cache = ImageCache(src, scene.specs(), [2, 3], mode="none")
+    schedule = [[2], [], [], [3], []]
+    with ImageLoader(cache, schedule, num_workers=2, prefetch=1) as loader:
+        for batch in loader:
+            # reads so far: the steps consumed, plus at most the one step ahead
+            done = sum(len(s) for s in schedule[: batch.step + 1])
+            assert done <= sum(src.reads.values()) <= done + len(schedule[batch.step + 1] if batch.step + 1 < 5 else [])
+            if not batch.cameras:
+                assert batch.images == [] and batch.stacked().shape[0] == 0
+    assert src.reads == {2: 1, 3: 1}  # the three empty steps read nothing
+
+
+def test_read_ahead_is_bounded_by_prefetch(dataset):
+    scene = load_colmap(dataset)
+    src = CountingSource(scene.images)
+    cache = ImageCache(src, scene.specs(), range(16), mode="none")
+    schedule = [[i] for i in range(16)]
+    loader = ImageLoader(cache, schedule, num_workers=4, prefetch=3)
+    for p in list(loader._pending):
+        p.done.wait(10)
+    assert sorted(src.reads) == [0, 1, 2]
+    next(loader)
+    for p in list(loader._pending):
+        p.done.wait(10)
+    assert sorted(src.reads) == [0, 1, 2, 3]
+    loader.close()
+    assert list(loader) == []
+
+
+def test_worker_error_reaches_consumer_and_close_stops_threads(dataset, tmp_path):
+    scene = load_colmap(dataset)
+    before = threading.active_count()
+    cache = ImageCache(scene.images, scene.specs(), [0, 1], mode="decoded")
+    (dataset / "images" / scene.names[1]).rename(tmp_path / "moved.jpg")  # vanishes after the checks
+    try:
+        loader = ImageLoader(cache, [[0], [1], [0]], num_workers=2)
+        assert next(loader).cameras == [0]
+        with pytest.raises(Exception, match=scene.names[1]):
+            next(loader)
+        assert list(loader) == []  # closed after the error
+    finally:
+        (tmp_path / "moved.jpg").rename(dataset / "images" / scene.names[1])
+    assert threading.active_count() <= before
+
+
+def test_stacked_is_a_view_of_the_batch_buffer(dataset):
+    scene = load_colmap(dataset)
+    cache = ImageCache(scene.images, scene.specs(), [4, 5, 6], mode="decoded")
+    with ImageLoader(cache, [[4, 5, 6]], num_workers=2) as loader:
+        batch = next(loader)
+        st = batch.stacked()
+        assert st.shape == (3, 32, 48, 3)
+        assert st.data_ptr() == batch.images[0].data_ptr()  # no collate copy
