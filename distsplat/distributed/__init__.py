@@ -18,11 +18,11 @@ from .context import (
     setup_logging,
     world_size,
 )
-from .partition import chunk_bounds, local_chunk
+from .partition import chunk_bounds, gather_counts, local_chunk, move_rows
 from .render import distributed_rasterize
 
 __all__ = [
     "CameraBatch", "CameraBatcher", "DistContext", "all_reduce_max", "all_reduce_sum",
     "barrier", "chunk_bounds", "destroy", "distributed_rasterize", "init_distributed",
-    "local_chunk", "rank", "setup_logging", "world_size",
+    "gather_counts", "local_chunk", "move_rows", "rank", "setup_logging", "world_size",
 ]

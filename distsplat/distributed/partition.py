@@ -9,9 +9,15 @@ after the exchange.
 
 from __future__ import annotations
 
-from typing import List, Mapping, Sequence, Tuple, TypeVar, Union, overload
+import math
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, overload
 
+import torch
+import torch.distributed as dist
 from torch import Tensor
+
+from .context import all_reduce_sum, rank, world_size
+from .exchange import all_to_all
 
 T = TypeVar("T")
 
@@ -78,3 +84,43 @@ def local_chunk(tensors: Tensors, rank: int, world_size: int):
     if kind == "dict":
         return dict(chunks)
     return [t for _, t in chunks]
+
+
+def gather_counts(n_local: int, device: torch.device, group: Optional[dist.ProcessGroup] = None) -> List[int]:
+    """[W] Gaussians held by every rank: one all-reduce, one host transfer."""
+    W, me = world_size(group), rank(group)
+    v = torch.zeros(W, dtype=torch.int64, device=device)
+    v[me] = n_local
+    return all_reduce_sum(v, group).tolist()
+
+
+def move_rows(
+    rows: Dict[str, Tensor],  # name -> [N_local, ...] this rank's rows, all float
+    counts: List[int],  # [W] rows held by every rank now (gather_counts)
+    target: List[Tuple[int, int]],  # [W] global (start, end) each rank should hold
+    group: Optional[dist.ProcessGroup] = None,
+) -> Dict[str, Tensor]:
+    """Re-chunks rows that are contiguous in rank order so rank r holds global rows
+    target[r] (rebalancing after densification). Every tensor travels in ONE packed
+    payload: one all-to-all; global order is kept."""
+    W, me = world_size(group), rank(group)
+    starts = [sum(counts[:r]) for r in range(W)]
+
+    def overlap(a: Tuple[int, int], b: Tuple[int, int]) -> int:
+        return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+    mine = (starts[me], starts[me] + counts[me])
+    send = [overlap(mine, target[r]) for r in range(W)]
+    recv = [overlap((starts[r], starts[r] + counts[r]), target[me]) for r in range(W)]
+    names = list(rows)
+    # Explicit widths: a rank may hold no rows, and reshape(0, -1) is ambiguous.
+    flat = [rows[k].reshape(counts[me], math.prod(rows[k].shape[1:])) for k in names]  # [N_local, F_k]
+    widths = [f.shape[1] for f in flat]
+    dtype = flat[0].dtype if flat else torch.float32
+    payload = torch.cat([f.to(dtype) for f in flat], dim=1)  # [N_local, F]
+    received = all_to_all(payload, send, recv, group)  # [N_target, F] in global order
+    n_new = target[me][1] - target[me][0]
+    return {
+        k: part.reshape((n_new,) + tuple(rows[k].shape[1:])).to(rows[k].dtype)
+        for k, part in zip(names, torch.split(received, widths, dim=1))
+    }

@@ -1,0 +1,159 @@
+"""The trainer's configuration: one dataclass whose fields (and docstrings) are the CLI of
+`examples/simple_trainer.py`, with gsplat's names and defaults where they overlap so a
+gsplat user's command line works. `validate()` turns every bad value into a ValueError
+naming the flag, raised identically on every rank before any collective."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import List, Literal, Optional, Union
+
+from gsplat.strategy import DefaultStrategy, MCMCStrategy
+
+
+@dataclass
+class SyntheticConfig:
+    """The built-in scene used when no --data_dir is given."""
+
+    num_cameras: int = 32
+    """Cameras on a ring around the ground-truth Gaussians."""
+    num_gaussians: int = 3000
+    """Ground-truth Gaussians that the training images are rendered from."""
+    width: int = 64
+    height: int = 48
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    data_dir: Optional[str] = None
+    """Scene folder (COLMAP: images/, sparse/0; Blender: transforms_*.json). None: the built-in synthetic scene."""
+    data_factor: int = 4
+    """Downscale factor of the images (reads images_N/ when present, else resizes on load)."""
+    result_dir: str = "results/default"
+    """Where stats/, ckpts/, ply/, renders/, tb/ and cfg.yml are written."""
+    test_every: int = 8
+    """Every N-th image is a test image (when the scene has no test.txt)."""
+    normalize_world_space: bool = True
+    """Centre and scale the scene like gsplat's parser."""
+    global_scale: float = 1.0
+    """Scale of the scene-size dependent settings (learning rate of means, pruning)."""
+
+    max_steps: int = 30_000
+    steps_scaler: float = 1.0
+    """Scales every step count below (and the strategy's schedule)."""
+    batch_size: int = 1
+    """Cameras per rank per step; the global batch is batch_size x world size."""
+    eval_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
+    save_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
+    save_ply: bool = True
+    """Write a merged PLY at every save step."""
+    keep_ckpts: int = 2
+    """Complete checkpoints kept on disk (older ones are removed once a newer one is whole)."""
+    ckpt: Optional[str] = None
+    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks."""
+
+    init_type: Literal["sfm", "random"] = "sfm"
+    init_num_pts: int = 100_000
+    init_extent: float = 3.0
+    init_opa: float = 0.1
+    init_scale: float = 1.0
+    sh_degree: int = 3
+    sh_degree_interval: int = 1000
+    """Raise the SH degree in use by one every this many steps."""
+
+    ssim_lambda: float = 0.2
+    near_plane: float = 0.01
+    far_plane: float = 1e10
+    packed: bool = True
+    """Packed (sparse) projection; the distributed exchange always sends packed pairs."""
+    antialiased: bool = False
+    random_bkgd: bool = False
+    """Composite renders on a random background each step (regularizes opacity)."""
+
+    means_lr: float = 1.6e-4
+    scales_lr: float = 5e-3
+    opacities_lr: float = 5e-2
+    quats_lr: float = 1e-3
+    sh0_lr: float = 2.5e-3
+    shN_lr: float = 2.5e-3 / 20
+
+    strategy: Union[DefaultStrategy, MCMCStrategy] = field(default_factory=DefaultStrategy)
+    """Densification: gsplat's DefaultStrategy or MCMCStrategy, run on each rank's Gaussians.
+    MCMC's cap_max is the GLOBAL cap, split across ranks."""
+    rebalance_ratio: float = 1.5
+    """After densification, rebalance when the largest rank holds more than this times the smallest's Gaussians."""
+
+    backend: Literal["auto", "torch", "gsplat"] = "auto"
+    """Render backend: gsplat's CUDA kernels on GPU, the PyTorch reference on CPU."""
+    cache: Literal["auto", "none", "compressed", "decoded", "gpu"] = "auto"
+    """Per-rank image cache (each rank only ever holds its own cameras' images)."""
+    num_workers: int = 4
+    """Decode threads per rank."""
+    prefetch: int = 2
+    """Batches decoded ahead of the step that needs them."""
+
+    disable_viewer: bool = False
+    port: int = 8080
+    tb_every: int = 100
+    """TensorBoard scalars every N steps (rank 0)."""
+    log_every: int = 100
+    seed: int = 42
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def adjust_steps(self, factor: float) -> None:
+        """gsplat's steps_scaler: every schedule scaled by factor."""
+        if factor == 1.0:
+            return
+        self.max_steps = int(self.max_steps * factor)
+        self.eval_steps = [int(s * factor) for s in self.eval_steps]
+        self.save_steps = [int(s * factor) for s in self.save_steps]
+        self.sh_degree_interval = max(1, int(self.sh_degree_interval * factor))
+        s = self.strategy
+        s.refine_start_iter = int(s.refine_start_iter * factor)
+        s.refine_stop_iter = int(s.refine_stop_iter * factor)
+        s.refine_every = max(1, int(s.refine_every * factor))
+        if isinstance(s, DefaultStrategy):
+            s.reset_every = max(1, int(s.reset_every * factor))
+
+    def validate(self) -> None:
+        """ValueError naming the flag; every rank runs it on the same values."""
+        checks = [
+            (self.batch_size >= 1, "--batch_size", f"must be >= 1, got {self.batch_size}"),
+            (self.max_steps >= 1, "--max_steps", f"must be >= 1, got {self.max_steps}"),
+            (self.steps_scaler > 0, "--steps_scaler", f"must be > 0, got {self.steps_scaler}"),
+            (self.data_factor >= 1, "--data_factor", f"must be >= 1, got {self.data_factor}"),
+            (0 <= self.sh_degree <= 4, "--sh_degree", f"must be in 0..4, got {self.sh_degree}"),
+            (self.sh_degree_interval >= 1, "--sh_degree_interval", f"must be >= 1, got {self.sh_degree_interval}"),
+            (0.0 <= self.ssim_lambda <= 1.0, "--ssim_lambda", f"must be in [0, 1], got {self.ssim_lambda}"),
+            (0.0 < self.init_opa < 1.0, "--init_opa", f"must be in (0, 1), got {self.init_opa}"),
+            (self.init_scale > 0, "--init_scale", f"must be > 0, got {self.init_scale}"),
+            (self.init_num_pts >= 1, "--init_num_pts", f"must be >= 1, got {self.init_num_pts}"),
+            (0 < self.near_plane < self.far_plane, "--near_plane/--far_plane",
+             f"need 0 < near_plane < far_plane, got {self.near_plane}, {self.far_plane}"),
+            (self.rebalance_ratio > 1.0, "--rebalance_ratio", f"must be > 1, got {self.rebalance_ratio}"),
+            (self.num_workers >= 1 and self.prefetch >= 1, "--num_workers/--prefetch", "must be >= 1"),
+            (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
+            (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
+            (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),
+        ]
+        for ok, flag, msg in checks:
+            if not ok:
+                raise ValueError(f"{flag} {msg}")
+        if isinstance(self.strategy, MCMCStrategy) and self.strategy.cap_max < 1:
+            raise ValueError(f"--strategy.cap_max must be >= 1, got {self.strategy.cap_max}")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["strategy"] = {"type": type(self.strategy).__name__, **d["strategy"]}
+        return d
+
+
+def default_config() -> Config:
+    return Config(strategy=DefaultStrategy(verbose=False))
+
+
+def mcmc_config() -> Config:
+    return Config(init_opa=0.5, init_scale=0.1, strategy=MCMCStrategy(verbose=False))
