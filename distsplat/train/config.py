@@ -65,6 +65,10 @@ class Config:
     """Raise the SH degree in use by one every this many steps."""
 
     ssim_lambda: float = 0.2
+    opacity_reg: float = 0.0
+    """Weight of the mean opacity in the loss (gsplat's MCMC preset: 0.01)."""
+    scale_reg: float = 0.0
+    """Weight of the mean scale in the loss (gsplat's MCMC preset: 0.01)."""
     near_plane: float = 0.01
     far_plane: float = 1e10
     packed: bool = True
@@ -156,4 +160,5 @@ def default_config() -> Config:
 
 
 def mcmc_config() -> Config:
-    return Config(init_opa=0.5, init_scale=0.1, strategy=MCMCStrategy(verbose=False))
+    return Config(init_opa=0.5, init_scale=0.1, opacity_reg=0.01, scale_reg=0.01,
+                  strategy=MCMCStrategy(verbose=False))

@@ -1,0 +1,89 @@
+"""What a run leaves in its result dir, where gsplat users look for it:
+stats/val_stepNNNN.json, stats/train_stepNNNN_rankR.json, ply/point_cloud_NNNN.ply (one
+merged file, each rank writing its own rows), renders/, tb/ and cfg.yml."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+from ..distributed import DistContext, barrier
+from .export import create_ply, ply_header, ply_rows, write_ply_rows
+
+log = logging.getLogger(__name__)
+
+
+def write_json(path: Path, data: Dict[str, Any]) -> None:
+    """Atomic: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def memory_gb(device: torch.device) -> float:
+    """Peak device memory (CUDA) or peak resident memory of this process (CPU), in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def export_ply(
+    result_dir: Path, step: int, params: Dict[str, torch.Tensor], start: int, n_all: int,
+    ctx: DistContext,
+) -> Path:
+    """One merged PLY: rank 0 sizes the file, every rank writes its rows at its offset,
+    rank 0 renames it into place. Every rank calls this."""
+    final = result_dir / "ply" / f"point_cloud_{step:04d}.ply"
+    tmp = final.with_name(final.name + ".tmp")
+    sh_rest = params["shN"].shape[1]
+    if ctx.is_main:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        create_ply(tmp, n_all, sh_rest)
+    barrier()
+    header = len(ply_header(n_all, sh_rest))
+    write_ply_rows(tmp, header, start, ply_rows(params))
+    barrier()
+    if ctx.is_main:
+        os.replace(tmp, final)
+    return final
+
+
+def save_image(path: Path, image: torch.Tensor) -> None:
+    """[H, W, 3] float in [0, 1] -> PNG."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = (image.detach().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    Image.fromarray(np.ascontiguousarray(arr)).save(path)
+
+
+class TensorBoard:
+    """Scalars in R/tb on rank 0; a no-op elsewhere, or when tensorboard is not installed."""
+
+    def __init__(self, result_dir: Path, ctx: DistContext):
+        self.writer: Optional[Any] = None
+        if not ctx.is_main:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(result_dir / "tb"))
+        except ImportError:
+            log.info("tensorboard is not installed: no TensorBoard logs (pip install tensorboard)")
+
+    def scalars(self, step: int, values: Dict[str, float]) -> None:
+        if self.writer is not None:
+            for k, v in values.items():
+                self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,76 @@
+"""From --data_dir to a `Scene` whose images can be read: COLMAP or Blender folders, or the
+built-in synthetic scene, whose ground-truth images this layer renders (the data layer
+never renders): each rank renders only the images of cameras it owns, when first read."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..data import DataError, Scene, load_blender, load_colmap, make_synthetic_scene
+from ..data.synthetic import attach_images
+from ..render import rasterize
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+
+def load_scene(cfg: Config) -> Scene:
+    """The scene of cfg.data_dir, or the synthetic scene when it is None. Raises DataError
+    (a ValueError) naming the folder when it is not a scene."""
+    if cfg.data_dir is None:
+        s = cfg.synthetic
+        scene = make_synthetic_scene(
+            num_cameras=s.num_cameras, num_gaussians=s.num_gaussians, width=s.width,
+            height=s.height, test_every=cfg.test_every, seed=s.seed,
+        )
+        return attach_images(scene, lambda i: render_ground_truth(scene, i))
+    root = Path(cfg.data_dir)
+    if not root.is_dir():
+        raise DataError(f"--data_dir {root} does not exist or is not a folder")
+    if (root / "transforms_train.json").is_file():
+        return load_blender(root, normalize=cfg.normalize_world_space)
+    if (root / "sparse").is_dir():
+        return load_colmap(root, factor=cfg.data_factor, normalize=cfg.normalize_world_space,
+                           test_every=cfg.test_every)
+    raise DataError(
+        f"--data_dir {root} is not a scene: expected a COLMAP capture (images/ and sparse/0/) "
+        "or a Blender/NeRF-synthetic folder (transforms_train.json); omit --data_dir to train "
+        "on the built-in synthetic scene"
+    )
+
+
+def render_ground_truth(scene: Scene, index: int) -> np.ndarray:
+    """[H, W, 3] uint8 image of the synthetic scene's ground-truth Gaussians at camera
+    index (rendered with the torch backend on CPU: the scene is tiny)."""
+    g = {k: torch.from_numpy(v) for k, v in scene.gaussians.items()}
+    viewmat = torch.from_numpy(np.linalg.inv(scene.camtoworlds[index])).float()[None]
+    K = torch.from_numpy(scene.Ks[index]).float()[None]
+    with torch.no_grad():
+        colors, _, _ = rasterize(
+            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"], viewmat, K,
+            int(scene.widths[index]), int(scene.heights[index]), backend="torch",
+        )
+    return (colors[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+
+
+def scene_scale(scene: Scene, global_scale: float = 1.0) -> float:
+    """gsplat's scene scale: the largest camera distance from the cameras' centroid, x1.1."""
+    centers = scene.camtoworlds[:, :3, 3]
+    radius = float(np.linalg.norm(centers - centers.mean(0), axis=1).max())
+    return max(radius, 1e-6) * 1.1 * global_scale
+
+
+def check_single_size(scene: Scene, indices: Optional[np.ndarray] = None) -> None:
+    """A batch is rendered at one size: refuse scenes whose images differ in size."""
+    idx = np.arange(scene.num_cameras) if indices is None else indices
+    sizes = set(zip(scene.widths[idx].tolist(), scene.heights[idx].tolist()))
+    if len(sizes) > 1:
+        raise DataError(
+            f"the scene's images have {len(sizes)} different sizes ({sorted(sizes)[:4]}...); "
+            "distsplat renders each batch at one size: resize the images to one size"
+        )

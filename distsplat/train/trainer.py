@@ -1,0 +1,363 @@
+"""The training recipe of one rank (DESIGN.md's step, end to end):
+
+    batch = shared-seed CameraBatcher (same on every rank; this rank's own cameras)
+    images = ImageLoader(own cameras only, prefetched)
+    render = distributed_rasterize(local Gaussians, all batch cameras)   # own cameras out
+    loss   = photometric loss of own cameras / global batch (+ regularizers)
+    backward (the reverse exchange), per-rank Adam on local Gaussians
+    densification on local Gaussians; rebalance when ranks drift apart
+    eval / checkpoint / PLY at their steps
+
+setup() builds everything, train() runs the loop, cleanup() releases workers and files.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+from gsplat.strategy import DefaultStrategy, MCMCStrategy
+from torch import Tensor
+
+from ..data import ImageCache, ImageLoader
+from ..distributed import (
+    CameraBatch,
+    CameraBatcher,
+    DistContext,
+    barrier,
+    chunk_bounds,
+    distributed_rasterize,
+    gather_counts,
+    move_rows,
+)
+from . import checkpoint as ck
+from . import strategy_ops
+from .config import Config
+from .evaluate import evaluate, test_owners
+from .gaussians import activated, create_optimizers, init_gaussians, random_points
+from .losses import photometric_loss
+from .outputs import TensorBoard, export_ply, memory_gb, write_json
+from .scene_setup import check_single_size, load_scene, scene_scale
+
+log = logging.getLogger(__name__)
+
+PER_GAUSSIAN_STATE = ("grad2d", "count", "radii")  # DefaultStrategy's per-Gaussian accumulators
+
+
+class Trainer:
+    def __init__(self, cfg: Config, ctx: DistContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.device = ctx.device
+        self.result_dir = Path(cfg.result_dir)
+        self.loader: Optional[ImageLoader] = None
+        self.cache: Optional[ImageCache] = None
+        self.tb: Optional[TensorBoard] = None
+        self.metrics: Dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        self.scene = scene = load_scene(cfg)
+        check_single_size(scene)
+        cams = scene.camera_tensors(device=self.device)
+        self.viewmats, self.Ks = cams["viewmats"], cams["Ks"]  # [C_all, 4, 4], [C_all, 3, 3]
+        self.width, self.height = int(scene.widths[0]), int(scene.heights[0])
+        self.scene_scale = scene_scale(scene, cfg.global_scale)
+        self.train_idx = torch.as_tensor(scene.train, dtype=torch.int64)  # [C_train] scene indices
+        self.test_idx = torch.as_tensor(scene.test, dtype=torch.int64)  # [C_test]
+        W, r = ctx.world_size, ctx.rank
+        try:
+            self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
+        except ValueError as e:
+            raise ValueError(f"--batch_size {cfg.batch_size}: {e}") from None
+        t0, t1 = test_owners(len(self.test_idx), W)[r]
+        own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])
+        self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device)
+
+        self._init_gaussians()
+        self.start_step = 0
+        self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
+        if cfg.ckpt is not None:
+            self._resume(cfg.ckpt)
+        self.loader = ImageLoader(
+            self.cache, self._own_cameras, start_step=self.start_step, end_step=cfg.max_steps,
+            num_workers=cfg.num_workers, prefetch=cfg.prefetch, device=self.device,
+        )
+        self.tb = TensorBoard(self.result_dir, ctx)
+        if ctx.is_main:
+            self.result_dir.mkdir(parents=True, exist_ok=True)
+            # JSON is valid YAML: the resolved config without a YAML dependency.
+            write_json(self.result_dir / "cfg.yml", cfg.to_dict())
+            log.info("scene: %d train / %d test cameras at %dx%d, scale %.3f; %d Gaussians on %d ranks",
+                     len(self.train_idx), len(self.test_idx), self.width, self.height,
+                     self.scene_scale, self.n_all, W)
+            if not cfg.disable_viewer:
+                log.info("live viewer: not part of this version yet; --disable_viewer has no effect")
+
+    def _init_gaussians(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.init_type == "sfm":
+            if len(self.scene.points) == 0:
+                raise ValueError("--init_type sfm: the scene has no sparse points; use --init_type random")
+            points = torch.from_numpy(self.scene.points).float()
+            rgbs = torch.from_numpy(self.scene.points_rgb).float() / 255.0
+        else:
+            points, rgbs = random_points(cfg.init_num_pts, cfg.init_extent * self.scene_scale, cfg.seed)
+        self.n_all = len(points)
+        bounds = chunk_bounds(self.n_all, ctx.world_size)[ctx.rank]
+        self.params = init_gaussians(points, rgbs, cfg.sh_degree, bounds, init_opacity=cfg.init_opa,
+                                     init_scale=cfg.init_scale, seed=cfg.seed, device=self.device)
+        lrs = {"means": cfg.means_lr, "scales": cfg.scales_lr, "opacities": cfg.opacities_lr,
+               "quats": cfg.quats_lr, "sh0": cfg.sh0_lr, "shN": cfg.shN_lr}
+        self.optimizers = create_optimizers(self.params, cfg.batch_size * ctx.world_size,
+                                            self.scene_scale, lrs)
+        self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
+        strategy_ops.install()
+        self.strategy = copy.deepcopy(cfg.strategy)
+        if isinstance(self.strategy, MCMCStrategy):
+            # The global cap, split like the Gaussians: rank r may grow to its share.
+            cap = chunk_bounds(self.strategy.cap_max, ctx.world_size)[ctx.rank]
+            self.strategy.cap_max = max(cap[1] - cap[0], 1)
+            self.strategy_state = self.strategy.initialize_state()
+        else:
+            self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
+        self.strategy.check_sanity(self.params, self.optimizers)
+
+    # -------------------------------------------------------------- schedule
+    def _batch(self, step: int) -> CameraBatch:
+        """The global batch of training step `step` (a pure function: the loader asks ahead)."""
+        pos = self.batch_start + step - self.start_step
+        spe = self.batcher.steps_per_epoch
+        return self.batcher.batch(pos // spe, pos % spe)
+
+    def _own_cameras(self, step: int):
+        batch = self._batch(step)
+        return self.train_idx[batch.cameras[batch.own(self.ctx.rank)]].tolist()
+
+    def _means_lr(self, step: int) -> float:
+        """gsplat's schedule: the means' lr decays exponentially to 1% over the run."""
+        return self.means_lr0 * 0.01 ** (min(step, self.cfg.max_steps) / self.cfg.max_steps)
+
+    def _render_kwargs(self, backgrounds: Optional[Tensor] = None) -> Dict[str, Any]:
+        cfg = self.cfg
+        return dict(packed=cfg.packed, backend=cfg.backend, near_plane=cfg.near_plane,
+                    far_plane=cfg.far_plane, backgrounds=backgrounds,
+                    rasterize_mode="antialiased" if cfg.antialiased else "classic")
+
+    # ------------------------------------------------------------------ train
+    def train(self) -> Dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        eval_steps = {s for s in cfg.eval_steps if s > 0}
+        save_steps = {s for s in cfg.save_steps if s > 0}
+        eval_steps.add(cfg.max_steps)
+        progress = None
+        if ctx.is_main:
+            from tqdm import tqdm
+
+            # A bar on a terminal; in logs (CI, torchrun to files) one line per --log_every.
+            progress = tqdm(total=cfg.max_steps, initial=self.start_step, dynamic_ncols=True,
+                            disable=not sys.stderr.isatty())
+        t_start = time.perf_counter()
+        loss_sum, loss_n = torch.zeros((), device=self.device), 0
+        for step in range(self.start_step, cfg.max_steps):
+            loss = self.train_step(step)
+            loss_sum, loss_n = loss_sum + loss.detach(), loss_n + 1
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.max_steps:
+                self.metrics["loss"] = (loss_sum / max(loss_n, 1)).item()  # the only sync per interval
+                loss_sum, loss_n = torch.zeros((), device=self.device), 0
+                self.metrics["steps_per_s"] = (done - self.start_step) / (time.perf_counter() - t_start)
+                if progress is not None:
+                    progress.set_postfix(loss=f"{self.metrics['loss']:.4f}", GS=self.n_all)
+                    if progress.disable:
+                        log.info("step %d/%d: loss %.4f, %.2f steps/s, %d Gaussians", done,
+                                 cfg.max_steps, self.metrics["loss"], self.metrics["steps_per_s"], self.n_all)
+            if progress is not None:
+                progress.update(1)
+            if done % cfg.tb_every == 0 and "loss" in self.metrics:
+                self.tb.scalars(done, {"train/loss": self.metrics["loss"], "train/num_GS": self.n_all})
+            if done in save_steps:
+                self.save(done)
+            if done in eval_steps:
+                self.eval(done, time.perf_counter() - t_start)
+        if progress is not None:
+            progress.close()
+        return self.metrics
+
+    def train_step(self, step: int) -> Tensor:
+        cfg, ctx = self.cfg, self.ctx
+        batch = self._batch(step)
+        images = next(self.loader)
+        gt = images.stacked().to(self.device).float() / 255.0  # [C_own, H, W, 3]
+        C = len(batch.cameras)
+        cams = self.train_idx[batch.cameras].to(self.device)
+        sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
+        backgrounds = None
+        if cfg.random_bkgd:  # the same draw on every rank: seeded by the step
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+            backgrounds = torch.rand(C, 3, generator=gen).to(self.device)
+        g = activated(self.params, sh)
+        colors, alphas, meta = distributed_rasterize(
+            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+            self.viewmats[cams], self.Ks[cams], self.width, self.height,
+            batch.camera_owner.to(self.device), sh_degree=sh, **self._render_kwargs(backgrounds),
+        )
+        # Sum of own images' losses / global batch: the ranks' gradients add up to those of
+        # the mean loss over the global batch, whatever W is.
+        loss = photometric_loss(colors, gt, cfg.ssim_lambda) / C
+        if cfg.opacity_reg > 0:
+            loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
+        if cfg.scale_reg > 0:
+            loss = loss + cfg.scale_reg * g["scales"].sum() / (3 * self.n_all)
+        self.strategy.step_pre_backward(self.params, self.optimizers, self.strategy_state, step, meta)
+        loss.backward()
+        lr = self._means_lr(step)
+        self.optimizers["means"].param_groups[0]["lr"] = lr
+        for opt in self.optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self._densify(step, meta, lr)
+        return loss
+
+    # ---------------------------------------------------------- densification
+    def _is_refine_step(self, step: int) -> bool:
+        s = self.strategy
+        return s.refine_start_iter < step < s.refine_stop_iter and step % s.refine_every == 0
+
+    def _densify(self, step: int, meta: Dict[str, Any], lr: float) -> None:
+        if isinstance(self.strategy, MCMCStrategy):
+            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state,
+                                             step, meta, lr=lr)
+        else:
+            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state,
+                                             step, meta, packed=self.cfg.packed)
+        if self._is_refine_step(step):
+            counts = gather_counts(len(self.params["means"]), self.device)
+            self.n_all = sum(counts)
+            if max(counts) > self.cfg.rebalance_ratio * max(min(counts), 1):
+                self._rebalance(counts)
+
+    def _rebalance(self, counts) -> None:
+        """Moves Gaussians (with their Adam moments and strategy accumulators) so every
+        rank holds its near-equal contiguous chunk again."""
+        n_local = counts[self.ctx.rank]
+        rows: Dict[str, Tensor] = {}
+        for name, p in self.params.items():
+            rows[f"p/{name}"] = p.detach()
+            state = self.optimizers[name].state.get(p, {})
+            for k in ("exp_avg", "exp_avg_sq"):
+                rows[f"m/{name}/{k}"] = state[k] if k in state else torch.zeros_like(p)
+        for k in PER_GAUSSIAN_STATE:
+            v = self.strategy_state.get(k)
+            if isinstance(v, Tensor) and v.shape[:1] == (n_local,):
+                rows[f"s/{k}"] = v.float()
+        moved = move_rows(rows, counts, chunk_bounds(sum(counts), self.ctx.world_size))
+        payload = {"params": {}, "optim": {}, "per_gaussian": {}}
+        for name, p in self.params.items():
+            payload["params"][name] = moved[f"p/{name}"]
+            step_t = self.optimizers[name].state.get(p, {}).get("step", torch.tensor(0.0))
+            payload["optim"][name] = {"step": step_t, "exp_avg": moved[f"m/{name}/exp_avg"],
+                                      "exp_avg_sq": moved[f"m/{name}/exp_avg_sq"]}
+        payload["per_gaussian"] = {k[2:]: v for k, v in moved.items() if k.startswith("s/")}
+        extra = ck.load_rows_into(payload, self.params, self.optimizers, self.device)
+        for k, v in extra.items():
+            self.strategy_state[k] = v.to(self.strategy_state[k].dtype)
+        if self.ctx.is_main:
+            log.info("rebalanced %d Gaussians: per-rank counts %s -> %s", sum(counts), counts,
+                     [e - s for s, e in chunk_bounds(sum(counts), self.ctx.world_size)])
+
+    # ------------------------------------------------------------ eval / save
+    def eval(self, step: int, elapsed: float) -> Dict[str, float]:
+        ctx = self.ctx
+        test = self.test_idx.to(self.device)
+
+        def read(pos: int) -> Tensor:
+            out = np.empty((self.height, self.width, 3), dtype=np.uint8)
+            self.cache.read_into(int(self.test_idx[pos]), out)
+            return torch.from_numpy(out).to(self.device).float() / 255.0
+
+        stats = evaluate(
+            lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[test], self.Ks[test],
+            self.width, self.height, read, [self.scene.names[i] for i in self.test_idx.tolist()],
+            ctx, self.cfg.sh_degree, self._render_kwargs(), self.result_dir / "renders", step,
+        )
+        stats.update(num_GS=self.n_all, elapsed=elapsed, step=step)
+        self.metrics.update({f"val_{k}": v for k, v in stats.items()})
+        write_json(self.result_dir / "stats" / f"train_step{step:04d}_rank{ctx.rank}.json", {
+            "mem": memory_gb(self.device), "ellipse_time": elapsed,
+            "num_GS": len(self.params["means"]), "step": step,
+        })
+        if ctx.is_main:
+            write_json(self.result_dir / "stats" / f"val_step{step:04d}.json", stats)
+            if "psnr" in stats:
+                log.info("step %d: PSNR %.3f, SSIM %.4f, %d Gaussians", step, stats["psnr"],
+                         stats["ssim"], self.n_all)
+                self.tb.scalars(step, {"val/psnr": stats["psnr"], "val/ssim": stats["ssim"]})
+        return stats
+
+    def save(self, step: int) -> None:
+        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it."""
+        ctx, root = self.ctx, self.result_dir / "ckpts"
+        counts = gather_counts(len(self.params["means"]), self.device)
+        self.n_all = sum(counts)
+        if ctx.is_main:
+            ck.begin(root, step)
+        barrier()
+        per_gaussian = {k: v for k, v in self.strategy_state.items()
+                        if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
+        ck.write_shard(root, step, ctx.rank, ck.shard_payload(self.params, self.optimizers, per_gaussian))
+        barrier()
+        if ctx.is_main:
+            pos = self.batch_start + step - self.start_step
+            spe = self.batcher.steps_per_epoch
+            state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
+                     "batcher": {**self.batcher.state_dict(), "epoch": pos // spe, "step": pos % spe}}
+            ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
+        if self.cfg.save_ply:
+            start = sum(counts[: ctx.rank])
+            export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx)
+        barrier()
+
+    def _scene_fingerprint(self) -> Dict[str, Any]:
+        return {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,
+                "names_head": self.scene.names[:3]}
+
+    def _resume(self, path: str) -> None:
+        """Loads this rank's chunk of a checkpoint written by any number of ranks."""
+        meta = ck.read_meta(Path(path))
+        saved = meta["state"].get("scene", {})
+        mine = self._scene_fingerprint()
+        if saved != mine:
+            raise ck.CheckpointError(
+                f"--ckpt {meta['dir']} was written for another scene ({saved}) than this one "
+                f"({mine}); pass the matching --data_dir or start without --ckpt"
+            )
+        n_all = meta["num_gaussians"]
+        bounds = chunk_bounds(n_all, self.ctx.world_size)[self.ctx.rank]
+        rows = ck.read_rows(meta, *bounds)
+        extra = ck.load_rows_into(rows, self.params, self.optimizers, self.device)
+        for k, v in extra.items():
+            self.strategy_state[k] = v
+        self.n_all = n_all
+        self.start_step = int(meta["step"])
+        state = meta["state"]["batcher"]
+        self.batcher.load_state_dict(state)
+        self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
+        if self.ctx.is_main:
+            log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
+                     self.start_step, n_all, meta["world_size"], self.ctx.world_size)
+
+    # ---------------------------------------------------------------- cleanup
+    def cleanup(self) -> None:
+        if self.loader is not None:
+            self.loader.close()
+        if self.cache is not None:
+            self.cache.close()
+        if self.tb is not None:
+            self.tb.close()
