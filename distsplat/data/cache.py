@@ -106,6 +106,7 @@ class ImageCache:
         self._blobs: Dict[int, bytes] = {}
         self._buffer: Optional[np.ndarray] = None
         self._device_buffer = None
+        self.device = None  # where the gpu mode keeps its images
         if self.mode == "decoded" and self.decoded_bytes:
             # Anonymous shared mapping: pages are committed as images land (RSS grows with
             # what is cached) and forked workers see the same pages.
@@ -115,6 +116,7 @@ class ImageCache:
             import torch
 
             self._device_buffer = torch.empty(self.decoded_bytes, dtype=torch.uint8, device=device)
+            self.device = self._device_buffer.device
 
     # ------------------------------------------------------------ lookups
     def slot(self, cam: int) -> int:
