@@ -18,7 +18,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -59,6 +59,10 @@ class Trainer:
         self.cache: Optional[ImageCache] = None
         self.tb: Optional[TensorBoard] = None
         self.metrics: Dict[str, Any] = {}
+        # Called as hook(trainer, step) on EVERY rank after each step (e.g. the viewer). Hooks
+        # that need collectives must call them on every rank in the same order; with no hook
+        # the loop does no extra work.
+        self.step_hooks: List[Callable[["Trainer", int], None]] = []
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -182,6 +186,8 @@ class Trainer:
                 progress.update(1)
             if done % cfg.tb_every == 0 and "loss" in self.metrics:
                 self.tb.scalars(done, {"train/loss": self.metrics["loss"], "train/num_GS": self.n_all})
+            for hook in self.step_hooks:
+                hook(self, done)
             if done in save_steps:
                 self.save(done)
             if done in eval_steps:
