@@ -1,0 +1,196 @@
+"""The trainer on gloo CPU ranks: W-invariance of training, both densification strategies,
+rebalancing, resuming on other world sizes, and the real CLI under torchrun (end to end,
+kill and resume, bad inputs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer_workers import mcmc_config, tiny_config
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = REPO / "examples" / "simple_trainer.py"
+
+
+def test_w1_and_w2_training_give_the_same_parameters_and_metrics(run_workers, tmp_path):
+    cfg1 = tiny_config(str(tmp_path / "w1"), batch_size=2, eval_steps=[20])
+    cfg2 = tiny_config(str(tmp_path / "w2"), batch_size=1, eval_steps=[20])
+    (one,) = run_workers("trainer_workers:train", 1, cfg1, 2, True)  # replays W=2's global batches
+    two = run_workers("trainer_workers:train", 2, cfg2, 0, True)
+    start = run_workers("trainer_workers:train", 1, tiny_config(str(tmp_path / "w0"), max_steps=1), 0, True)[0]
+    moved = 0
+    for k, v in one["params"].items():
+        got = torch.cat([r["params"][k] for r in two])
+        # Float64 equality, except where a gradient component is rounding noise (quats:
+        # gradients are orthogonal to q) and Adam's eps = 7e-16 turns noise into a step of
+        # up to ~1e-3 lr; a mis-routed gradient would be off by ~lr everywhere.
+        assert (got - v).abs().median() < 1e-9, (k, (got - v).abs().median())
+        torch.testing.assert_close(got, v, rtol=0, atol=1e-5, msg=lambda m: f"{k}: {m}")
+        moved += int((v - start["params"][k]).abs().max() > 1e-3)
+    assert moved == len(one["params"])  # everything trained (shN too: SH degree 1 from step 10)
+    assert one["metrics"]["val_psnr"] == pytest.approx(two[0]["metrics"]["val_psnr"], abs=1e-5)
+    assert one["metrics"]["val_ssim"] == pytest.approx(two[0]["metrics"]["val_ssim"], abs=1e-6)
+    torch.testing.assert_close(one["render"], two[0]["render"], atol=1e-6, rtol=1e-6)
+
+
+def test_default_strategy_densifies_on_every_rank(run_workers, tmp_path):
+    from gsplat.strategy import DefaultStrategy
+
+    cfg = tiny_config(str(tmp_path / "d"), max_steps=25, strategy=DefaultStrategy(
+        refine_start_iter=5, refine_every=5, refine_stop_iter=1000, reset_every=10_000,
+        grow_grad2d=1e-5))
+    results = run_workers("trainer_workers:train", 2, cfg)
+    counts = results[0]["counts"]
+    assert counts == results[1]["counts"] and sum(counts) > 400  # grew from 400
+    assert max(counts) <= cfg.rebalance_ratio * min(counts) + 1  # kept balanced
+    assert [len(r["params"]["means"]) for r in results] == counts
+
+
+def test_mcmc_global_cap_holds_across_ranks(run_workers, tmp_path):
+    cap = 500  # 400 initial Gaussians, +5% per refine: the cap is reached within 40 steps
+    results = run_workers("trainer_workers:train", 3, mcmc_config(str(tmp_path / "m"), cap))
+    counts = results[0]["counts"]
+    assert sum(counts) == cap
+    assert sorted(r["local_cap"] for r in results) == [166, 167, 167]  # the global cap, split
+    assert all(np.isfinite(r["metrics"]["loss"]) for r in results)
+
+
+def test_rebalancing_keeps_every_gaussian_once_and_the_render(run_workers, tmp_path):
+    cfg = tiny_config(str(tmp_path / "rb"), max_steps=3)
+    r0, r1 = run_workers("trainer_workers:rebalance", 2, cfg)
+    assert r0["counts"][1] == 3 and r0["after_counts"] == [e - s for s, e in r0["bounds"]]
+    for k in r0["before"]:
+        before = torch.cat([r0["before"][k], r1["before"][k]])
+        after = torch.cat([r0["after"][k], r1["after"][k]])
+        torch.testing.assert_close(after, before, rtol=0, atol=0)  # exactly once, in order
+        m_before = torch.cat([r0["moments"][k], r1["moments"][k]])
+        m_after = torch.cat([r0["moments_after"][k], r1["moments_after"][k]])
+        torch.testing.assert_close(m_after, m_before, rtol=0, atol=0)  # Adam moved with them
+    torch.testing.assert_close(r0["render_after"], r0["render_before"])
+
+
+@pytest.fixture(scope="module")
+def w2_checkpoint(tmp_path_factory, run_workers):
+    out = tmp_path_factory.mktemp("ckpt")
+    cfg = tiny_config(str(out), max_steps=15, save_steps=[15])
+    results = run_workers("trainer_workers:train", 2, cfg)
+    return out, results
+
+
+@pytest.mark.parametrize("W", [1, 3])
+def test_w2_checkpoint_resumes_on_other_world_sizes(run_workers, w2_checkpoint, W):
+    out, trained = w2_checkpoint
+    cfg = tiny_config(str(out / f"resume{W}"), max_steps=15, ckpt=str(out / "ckpts"))
+    resumed = run_workers("trainer_workers:resume", W, cfg)
+    assert all(r["start_step"] == 15 for r in resumed)
+    for k in trained[0]["params"]:
+        saved = torch.cat([r["params"][k] for r in trained])
+        torch.testing.assert_close(torch.cat([r["params"][k] for r in resumed]), saved, rtol=0, atol=0)
+    torch.testing.assert_close(resumed[0]["render"], trained[0]["render"], rtol=0, atol=1e-6)
+
+
+# ------------------------------------------------------------------ the CLI under torchrun
+
+TINY_FLAGS = [
+    "--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400",
+    "--synthetic.width", "32", "--synthetic.height", "24", "--sh_degree", "1",
+    "--num_workers", "1", "--prefetch", "1", "--disable_viewer",
+]
+
+
+def torchrun(args, nproc=2, timeout=180, **kwargs):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(TRAINER), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DISTSPLAT_TIMEOUT_S="60")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kwargs)
+
+
+@pytest.mark.slow
+def test_cli_end_to_end_two_ranks(tmp_path):
+    out = tmp_path / "run"
+    p = torchrun(["default", "--max_steps", "120", "--eval_steps", "10", "120", "--save_steps", "60", "120",
+                  "--log_every", "10", "--result_dir", str(out), *TINY_FLAGS,
+                  "--strategy.refine_start_iter", "40", "--strategy.refine_every", "20"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "final: PSNR" in p.stdout
+    early = json.loads((out / "stats" / "val_step0010.json").read_text())
+    final = json.loads((out / "stats" / "val_step0120.json").read_text())
+    # Initialized from the ground truth's centres, it starts near 21 dB; training must add.
+    assert final["psnr"] > 22.0 and final["psnr"] > early["psnr"] + 1.0
+    losses = [float(line.split("loss ")[1].split(",")[0]) for line in p.stderr.splitlines() if "/120: loss" in line]
+    assert len(losses) == 12 and losses[-1] < 0.7 * losses[0], losses  # the loss falls
+    for r in (0, 1):
+        train_stats = json.loads((out / "stats" / f"train_step0120_rank{r}.json").read_text())
+        assert {"mem", "ellipse_time", "num_GS"} <= set(train_stats)
+    assert (out / "cfg.yml").is_file() and list((out / "renders").glob("val_step0120_*.png"))
+    ckpts = sorted(p.name for p in (out / "ckpts").iterdir())
+    assert ckpts == ["step_000060", "step_000120"]
+    # The merged PLY holds every Gaussian of the checkpoint, in rank order (plyfile reads it).
+    plyfile = pytest.importorskip("plyfile")
+    v = plyfile.PlyData.read(str(out / "ply" / "point_cloud_0120.ply"))["vertex"]
+    meta = json.loads((out / "ckpts" / "step_000120" / "meta.json").read_text())
+    assert len(v) == meta["num_gaussians"] == final["num_GS"]
+    means = torch.cat([torch.load(out / "ckpts" / "step_000120" / s["file"])["params"]["means"]
+                       for s in meta["shards"]])
+    np.testing.assert_array_equal(np.stack([v["x"], v["y"], v["z"]], 1), means.numpy())
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    args = ["default", "--max_steps", "400", "--save_steps", "20", "--eval_steps", "400",
+            "--result_dir", str(out), *TINY_FLAGS]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAINER), *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / "ckpts" / "step_000020" / "meta.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, mid-training
+    proc.wait()
+    assert (out / "ckpts" / "step_000020").is_dir()
+    p = torchrun(["default", "--max_steps", "30", "--save_steps", "30", "--eval_steps", "30",
+                  "--result_dir", str(out), "--ckpt", str(out / "ckpts"), *TINY_FLAGS])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resumed" in p.stderr and "step 20" in p.stderr
+    assert (out / "ckpts" / "step_000030" / "meta.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+        (["--data_dir", "{tmp}"], "is not a scene: expected a COLMAP capture"),
+        (["--ckpt", "{other_ckpt}"], "was written for another scene"),
+    ],
+    ids=["batch_size", "data_dir", "ckpt"],
+)
+def test_cli_bad_input_fails_on_every_rank_without_overwriting(tmp_path, args, message):
+    out = tmp_path / "run"
+    (out / "stats").mkdir(parents=True)
+    keep = out / "stats" / "val_step0001.json"
+    keep.write_text('{"psnr": 1.0}')
+    other = tmp_path / "other"
+    if "{other_ckpt}" in args:  # a checkpoint of a different (larger) scene
+        p = torchrun(["default", "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2",
+                      "--result_dir", str(other), *TINY_FLAGS, "--synthetic.num_cameras", "16"], nproc=1)
+        assert p.returncode == 0, p.stderr[-2000:]
+    args = [a.format(tmp=tmp_path, other_ckpt=other / "ckpts") for a in args]
+    t0 = time.monotonic()
+    p = torchrun(["default", "--max_steps", "5", "--result_dir", str(out), *TINY_FLAGS, *args], timeout=120)
+    assert p.returncode != 0
+    assert time.monotonic() - t0 < 60
+    assert p.stderr.count(message) >= 2, p.stderr[-3000:]  # the same message from both ranks
+    assert keep.read_text() == '{"psnr": 1.0}'  # nothing already written is lost
+    assert sorted(x.name for x in out.iterdir()) == ["stats"]

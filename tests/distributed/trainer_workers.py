@@ -1,0 +1,131 @@
+"""Workers for test_trainer.py: the Trainer on gloo CPU ranks, on a tiny built-in scene."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Optional
+
+import torch
+from gsplat.strategy import DefaultStrategy, MCMCStrategy
+
+from distsplat.distributed import CameraBatcher, chunk_bounds, distributed_rasterize, gather_counts
+from distsplat.train.config import Config, SyntheticConfig
+from distsplat.train.gaussians import activated, create_optimizers
+from distsplat.train.trainer import Trainer
+
+
+def tiny_config(result_dir: str, **overrides: Any) -> Config:
+    cfg = Config(
+        result_dir=result_dir, max_steps=20, eval_steps=[], save_steps=[], save_ply=False,
+        sh_degree=1, sh_degree_interval=10, init_type="sfm", num_workers=1, prefetch=1,
+        log_every=10, disable_viewer=True, batch_size=1, seed=3,
+        strategy=DefaultStrategy(refine_start_iter=10_000, refine_stop_iter=0, reset_every=10_000),
+        synthetic=SyntheticConfig(num_cameras=12, num_gaussians=400, width=32, height=24, seed=1),
+    )
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    cfg.validate()
+    return cfg
+
+
+class ReplayTrainer(Trainer):
+    """One rank replaying the global batches that `shards` ranks would draw (all owned by
+    rank 0), so a W=1 run sees exactly the W=shards run's batches."""
+
+    shards = 2
+
+    def _batch(self, step: int):
+        if not hasattr(self, "replay"):  # first asked during setup(), by the loader's prefetch
+            self.replay = CameraBatcher(len(self.train_idx), self.shards, 1, self.cfg.seed)
+        b = self.replay.batch(*divmod(step, self.replay.steps_per_epoch))
+        return type(b)(b.cameras, torch.zeros_like(b.camera_owner), b.epoch, b.step)
+
+
+def fixed_view_render(trainer: Trainer) -> Optional[torch.Tensor]:
+    """Renders the first two test cameras (owned by rank 0) with the distributed render."""
+    test = trainer.test_idx[:2]
+    g = activated(trainer.params, trainer.cfg.sh_degree)
+    with torch.no_grad():
+        colors, _, _ = distributed_rasterize(
+            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+            trainer.viewmats[test], trainer.Ks[test], trainer.width, trainer.height,
+            torch.zeros(len(test), dtype=torch.int64), sh_degree=trainer.cfg.sh_degree,
+        )
+    return colors if trainer.ctx.rank == 0 else None
+
+
+def _params(trainer: Trainer) -> Dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.params.items()}
+
+
+def to_float64(trainer: Trainer) -> None:
+    """Float64 parameters, optimizers and cameras: Adam's tiny eps turns float32 rounding of
+    near-zero gradients into lr-sized steps, so exact W-invariance is checked in float64."""
+    trainer.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.detach().double())
+                                             for k, v in trainer.params.items()})
+    trainer.optimizers = create_optimizers(trainer.params, trainer.cfg.batch_size * trainer.ctx.world_size,
+                                           trainer.scene_scale)
+    trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
+
+
+def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False) -> Dict[str, Any]:
+    """Sets up, trains, returns this rank's parameters, metrics and a fixed-view render."""
+    cls = ReplayTrainer if replay_shards else Trainer
+    cls.shards = replay_shards or 2
+    trainer = cls(copy.deepcopy(cfg), ctx)
+    try:
+        trainer.setup()
+        if float64:
+            to_float64(trainer)
+        metrics = trainer.train()
+        return {"params": _params(trainer), "metrics": metrics, "render": fixed_view_render(trainer),
+                "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
+                "local_cap": getattr(trainer.strategy, "cap_max", None)}
+    finally:
+        trainer.cleanup()
+
+
+def resume(ctx, cfg: Config) -> Dict[str, Any]:
+    """Sets up from cfg.ckpt (no training) and renders the fixed view."""
+    trainer = Trainer(copy.deepcopy(cfg), ctx)
+    try:
+        trainer.setup()
+        return {"params": _params(trainer), "render": fixed_view_render(trainer),
+                "start_step": trainer.start_step}
+    finally:
+        trainer.cleanup()
+
+
+def rebalance(ctx, cfg: Config) -> Dict[str, Any]:
+    """Prunes most of rank 1's Gaussians (as densification may), then rebalances: every
+    Gaussian must survive exactly once, in order, and the render must not change."""
+    from gsplat.strategy.ops import remove
+
+    trainer = Trainer(copy.deepcopy(cfg), ctx)
+    try:
+        trainer.setup()
+        trainer.train()  # a few steps: Adam moments are non-zero
+        if ctx.rank == 1:
+            mask = torch.zeros(len(trainer.params["means"]), dtype=torch.bool)
+            mask[3:] = True
+            remove(trainer.params, trainer.optimizers, trainer.strategy_state, mask)
+        before = _params(trainer)
+        moments = {k: trainer.optimizers[k].state[p]["exp_avg"].clone() for k, p in trainer.params.items()}
+        render_before = fixed_view_render(trainer)
+        counts = gather_counts(len(trainer.params["means"]), torch.device("cpu"))
+        trainer._rebalance(counts)
+        after_counts = gather_counts(len(trainer.params["means"]), torch.device("cpu"))
+        moments_after = {k: trainer.optimizers[k].state[p]["exp_avg"] for k, p in trainer.params.items()}
+        return {"before": before, "after": _params(trainer), "counts": counts, "after_counts": after_counts,
+                "moments": moments, "moments_after": moments_after,
+                "render_before": render_before, "render_after": fixed_view_render(trainer),
+                "bounds": chunk_bounds(sum(counts), ctx.world_size)}
+    finally:
+        trainer.cleanup()
+
+
+def mcmc_config(result_dir: str, cap: int) -> Config:
+    return tiny_config(
+        result_dir, max_steps=40, opacity_reg=0.01, scale_reg=0.01, init_opa=0.5, init_scale=0.1,
+        strategy=MCMCStrategy(cap_max=cap, refine_start_iter=5, refine_every=5, refine_stop_iter=1000),
+    )
