@@ -159,7 +159,9 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         eval_steps = {s for s in cfg.eval_steps if s > 0}
         save_steps = {s for s in cfg.save_steps if s > 0}
+        # The final state is always evaluated and saved, whatever --max_steps cuts off.
         eval_steps.add(cfg.max_steps)
+        save_steps.add(cfg.max_steps)
         progress = None
         if ctx.is_main:
             from tqdm import tqdm
