@@ -33,6 +33,9 @@ BLOCK_ELEMENTS = 1 << 22
 # and 8x8 tiles cut that ~3x for the few-pixel Gaussians of real scenes. Images do not
 # depend on the tile size: a pair's box covers every pixel where its alpha >= 1/255.
 TILE_SIZE = 8
+# Pairs per tile composited at once; longer depth lists go in chunks so that tiles whose
+# pixels have all stopped (transmittance <= 1e-4) are dropped from the rest of the list.
+DEPTH_CHUNK = 64
 
 
 # ----------------------------------------------------------------------------- projection
@@ -226,16 +229,18 @@ def _tile_groups(counts: List[int], pixels: int) -> List[Tuple[int, int, int]]:
     return groups
 
 
-def _composite_block(
+def _composite_chunk(
     px: Tensor,  # [T, 1, P] pixel centre x
     py: Tensor,  # [T, 1, P] pixel centre y
     means2d: Tensor,  # [T, L, 2]
     conics: Tensor,  # [T, L, 3]
     opacities: Tensor,  # [T, L]
     colors: Tensor,  # [T, L, D]
-) -> Tuple[Tensor, Tensor]:
-    """Front-to-back compositing of T tiles with L depth-sorted pairs each.
-    Returns colors [T, P, D] and alphas [T, P]."""
+    trans_in: Optional[Tensor] = None,  # [T, P] transmittance before these pairs (None: 1)
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Front-to-back compositing of T tiles through L depth-sorted pairs. Returns colors
+    [T, P, D], alphas [T, P] and the transmittance after them [T, P] (0 where a pixel
+    stopped: it takes no further pair)."""
     dx = px - means2d[..., 0:1]  # [T, L, P]
     dy = py - means2d[..., 1:2]
     ca, cb, cc = conics[..., 0:1], conics[..., 1:2], conics[..., 2:3]
@@ -245,13 +250,44 @@ def _composite_block(
         used = (sigma >= 0) & (alpha >= ALPHA_THRESHOLD)
     alpha = alpha * used
     trans = torch.cumprod(1.0 - alpha, dim=1)  # transmittance after each pair
+    first = torch.ones_like(trans[:, :1]) if trans_in is None else trans_in[:, None, :]
+    if trans_in is not None:
+        trans = trans * first
     with torch.no_grad():
         # Monotone in L, so this keeps a prefix: gsplat stops at the first pair that
         # would bring transmittance to <= 1e-4, without adding it.
         alive = trans > TRANSMITTANCE_MIN
-    trans_before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
+    trans_before = torch.cat([first, trans[:, :-1]], dim=1)
     weights = alpha * trans_before * alive  # [T, L, P]
-    return torch.bmm(weights.transpose(1, 2), colors), weights.sum(dim=1)
+    trans_out = trans[:, -1] * alive[:, -1]
+    return torch.bmm(weights.transpose(1, 2), colors), weights.sum(dim=1), trans_out
+
+
+def _composite_block(
+    px: Tensor, py: Tensor, means2d: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor,
+) -> Tuple[Tensor, Tensor]:
+    """_composite_chunk over L in DEPTH_CHUNK steps, dropping the tiles whose pixels have
+    all stopped: behind opaque surfaces most of a long depth list is never evaluated
+    (gsplat's kernel stops per pixel the same way). Returns colors [T, P, D], alphas [T, P]."""
+    T, L = opacities.shape
+    if L <= DEPTH_CHUNK:
+        c, a, _ = _composite_chunk(px, py, means2d, conics, opacities, colors)
+        return c, a
+    out = colors.new_zeros(T, px.shape[-1], colors.shape[-1])
+    acc = opacities.new_zeros(T, px.shape[-1])
+    trans = opacities.new_ones(T, px.shape[-1])
+    live = torch.arange(T, device=opacities.device)  # tiles with a pixel still open
+    for lo in range(0, L, DEPTH_CHUNK):
+        sl = slice(lo, lo + DEPTH_CHUNK)
+        c, a, t = _composite_chunk(px[live], py[live], means2d[live, sl], conics[live, sl],
+                                   opacities[live, sl], colors[live, sl], trans[live])
+        out, acc = out.index_add(0, live, c), acc.index_add(0, live, a)
+        trans = trans.index_copy(0, live, t)
+        with torch.no_grad():
+            live = live[(t > 0).any(dim=1)]
+        if len(live) == 0:
+            break
+    return out, acc
 
 
 def rasterize_pairs(
