@@ -68,27 +68,37 @@ def make_scene(n: int, width: int, height: int, cameras: int, device: str, seed:
     return {k: v.to(device) for k, v in scene.items()}
 
 
-def timeit(fn: Callable[[Dict[str, torch.Tensor]], torch.Tensor], scene, repeats: int) -> Dict[str, float]:
-    """Median forward / backward / total seconds of fn (returns a scalar loss)."""
+def timeit(fns: Dict[str, Callable[[Dict[str, torch.Tensor]], torch.Tensor]], scene,
+           repeats: int) -> Dict[str, Dict[str, float]]:
+    """Median forward / backward / total ms of each fn (returns a scalar loss), the fns
+    taking turns in every round so that a drifting machine load hits them alike. On CPU
+    also the CPU time of this thread (immune to other processes on the machine)."""
     cuda = scene["means"].is_cuda
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    fwd, bwd = [], []
-    for i in range(repeats + 1):  # the first run warms up (compiles kernels on GPU)
-        p = {k: v.detach().clone().requires_grad_(k not in ("viewmats", "Ks")) for k, v in scene.items()}
-        sync()
-        t0 = time.perf_counter()
-        loss = fn(p)
-        sync()
-        t1 = time.perf_counter()
-        loss.backward()
-        sync()
-        t2 = time.perf_counter()
-        if i:
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
-    tot = [a + b for a, b in zip(fwd, bwd)]
-    return {"fwd_ms": 1e3 * statistics.median(fwd), "bwd_ms": 1e3 * statistics.median(bwd),
-            "fwd_bwd_ms": 1e3 * statistics.median(tot), "fwd_bwd_min_ms": 1e3 * min(tot)}
+    rec = {name: {"fwd": [], "bwd": [], "cpu": []} for name in fns}
+    for i in range(repeats + 1):  # round 0 warms up (compiles kernels on GPU)
+        for name, fn in fns.items():
+            p = {k: v.detach().clone().requires_grad_(k not in ("viewmats", "Ks")) for k, v in scene.items()}
+            sync()
+            c0, t0 = time.thread_time(), time.perf_counter()
+            loss = fn(p)
+            sync()
+            t1 = time.perf_counter()
+            loss.backward()
+            sync()
+            t2, c2 = time.perf_counter(), time.thread_time()
+            if i:
+                rec[name]["fwd"].append(t1 - t0)
+                rec[name]["bwd"].append(t2 - t1)
+                rec[name]["cpu"].append(c2 - c0)
+    out = {}
+    for name, r in rec.items():
+        tot = [a + b for a, b in zip(r["fwd"], r["bwd"])]
+        out[name] = {"fwd_ms": 1e3 * statistics.median(r["fwd"]), "bwd_ms": 1e3 * statistics.median(r["bwd"]),
+                     "fwd_bwd_ms": 1e3 * statistics.median(tot), "fwd_bwd_min_ms": 1e3 * min(tot)}
+        if not cuda:
+            out[name]["fwd_bwd_cpu_ms"] = 1e3 * statistics.median(r["cpu"])
+    return out
 
 
 def renderers(width: int, height: int, backend: str):
@@ -145,7 +155,6 @@ def main() -> None:
     if not cuda:
         torch.set_num_threads(int(os.environ.get("THREADS", 1)))
     scene = make_scene(n, width, height, cameras, device)
-    runs: Dict[str, Dict[str, float]] = {}
     ratios: Dict[str, float] = {}
     if cuda:
         from gsplat import rasterization
@@ -155,17 +164,17 @@ def main() -> None:
                                     p["viewmats"], p["Ks"], width, height, sh_degree=SH_DEGREE, packed=True)
             return c.sum() + a.sum()
 
-        runs["gsplat"] = timeit(gsplat_fn, scene, repeats)
-        for name, fn in renderers(width, height, "gsplat").items():
-            runs[name] = timeit(fn, scene, repeats)
+        runs = timeit({"gsplat": gsplat_fn, **renderers(width, height, "gsplat")}, scene, repeats)
+        for name in ("ours_render", "ours_w1"):
             ratios[f"{name}_over_gsplat"] = runs[name]["fwd_bwd_ms"] / runs["gsplat"]["fwd_bwd_ms"]
         status = "measured on GPU"
     else:
-        for name, fn in {**renderers(width, height, "torch"), **projection_pair(width, height)}.items():
-            runs[name] = timeit(fn, scene, repeats)
-        ratios["ours_w1_over_ours_render_torch"] = runs["ours_w1"]["fwd_bwd_ms"] / runs["ours_render"]["fwd_bwd_ms"]
-        ratios["ours_project_over_gsplat_torch_project"] = (
-            runs["ours_project"]["fwd_bwd_ms"] / runs["gsplat_torch_project"]["fwd_bwd_ms"])
+        runs = timeit({**renderers(width, height, "torch"), **projection_pair(width, height)}, scene, repeats)
+        for key in ("fwd_bwd_ms", "fwd_bwd_cpu_ms"):
+            tag = "" if key == "fwd_bwd_ms" else "_cpu_time"
+            ratios["ours_w1_over_ours_render_torch" + tag] = runs["ours_w1"][key] / runs["ours_render"][key]
+            ratios["ours_project_over_gsplat_torch_project" + tag] = (
+                runs["ours_project"][key] / runs["gsplat_torch_project"][key])
         status = ("GPU comparison PENDING (no GPU here): run `python benchmarks/bench_vs_gsplat.py` on a "
                   "CUDA machine to write vs_gsplat_cuda.json")
     import gsplat
@@ -177,7 +186,9 @@ def main() -> None:
         "repeats": repeats, "threads": None if cuda else torch.get_num_threads(),
         "goal": "ours_w1 / gsplat <= 1.00 on GPU (fwd+bwd, same Gaussians and cameras)",
         "runs": runs, "ratios": ratios,
-        "note": ("Ratios are medians of fwd+bwd from this one run. CPU: gsplat's full rasterization "
+        "note": ("Ratios are medians of fwd+bwd from this one run, the runs taking turns in each "
+                 "round; `_cpu_time` ratios use this thread's CPU time (other processes share the "
+                 "machine's cores; wall times carry their noise). CPU: gsplat's full rasterization "
                  "needs CUDA, so only its vectorized pure-torch projection is a CPU baseline "
                  "(dense over all C x N pairs; ours is packed)."),
     }

@@ -17,14 +17,21 @@ and the bytes each rank would send are counted from the real payload splits.
 Model (steady state, each collective a synchronization point):
     T(W) = mk(A + C) + mk(B) + X(W)
     X(W) = 3 * latency + host_sync + 2 * max_r(max(bytes_sent_r, bytes_received_r)) / bandwidth
-    mk(s) = max_r s_r                      one device per rank (GPUs)
-    mk(s) = max(max_r s_r, sum_r s_r / k)  W processes time-sliced on k cores (this CPU)
+    mk(s) = max_r s_r                            one device per rank (GPUs)
+    mk(s) = max_r s_r / min(1, k / W)            W processes sharing k cores (this CPU)
+Compute is CPU time of the rank's thread (time.thread_time), so that other processes on
+the machine do not inflate it; for the CPU validation, k is MEASURED in the real runs (a
+0.5 s spin in every rank at once, before and after the timed steps: the cores the W
+processes actually got next to whatever else ran), not os.cpu_count().
 and the training throughput speedup (the global batch is W x batch_size cameras, so a
 step of W ranks renders W times the images of a step of one) is W * T(1) / T(W).
 
 Validation: the same scene, batches and steps run as W real gloo processes (plain
-`Trainer.train_step`, timed), next to the prediction with this machine's cores and the
+`Trainer.train_step`, timed), next to the prediction with the cores they got and the
 gloo latency and bandwidth measured by an all-to-all microbenchmark inside those runs.
+Two checks: the step's wall time (model incl. scheduling and exchange), and the CPU work
+per step summed over ranks (virtual vs real process CPU time: does the virtual run do
+the same compute as the real ranks?).
 
 GPU prediction: compute times are the CPU-measured ones divided by GPU_FACTOR (an
 ASSUMPTION: how much faster one GPU runs a rank's compute than one CPU core runs the torch
@@ -70,15 +77,16 @@ COUNT_COLUMNS = 4  # exchange.N_COLUMNS int64 per rank pair
 # ------------------------------------------------------------------------------ the model
 
 
-def makespan(seconds: Sequence[float], cores: Optional[int] = None) -> float:
-    """Time until all ranks finish a segment: the slowest rank with one device each
-    (cores=None), or, with W processes time-sliced on `cores` cores, at least the total
-    work divided by the cores."""
+def makespan(seconds: Sequence[float], cores: Optional[float] = None) -> float:
+    """Time until all ranks finish a segment of `seconds` compute each: the slowest rank
+    with one device each (cores=None), or, with the W processes sharing `cores` cores
+    (fewer than W, or a fraction of the machine), each running at a share
+    min(1, cores / W) of a core."""
     if not seconds:
         return 0.0
     if cores is None:
         return max(seconds)
-    return max(max(seconds), sum(seconds) / cores)
+    return max(seconds) / min(1.0, cores / len(seconds))
 
 
 def exchange_time(bytes_sent: Sequence[int], bytes_received: Sequence[int], bandwidth_Bps: float,
@@ -92,7 +100,7 @@ def exchange_time(bytes_sent: Sequence[int], bytes_received: Sequence[int], band
 
 
 def step_time(A: Sequence[float], B: Sequence[float], C: Sequence[float], exchange_s: float,
-              cores: Optional[int] = None, compute_scale: float = 1.0) -> float:
+              cores: Optional[float] = None, compute_scale: float = 1.0) -> float:
     """T = mk(A + C) + mk(B) + X, compute divided by compute_scale."""
     ac = [(a + c) / compute_scale for a, c in zip(A, C)]
     b = [x / compute_scale for x in B]
@@ -144,10 +152,12 @@ def virtual_step(trainers, step: int) -> Dict[str, Any]:
     from distsplat.train.losses import photometric_loss
 
     W = len(trainers)
-    A, B, C = [0.0] * W, [0.0] * W, [0.0] * W
+    A, B, C = [0.0] * W, [0.0] * W, [0.0] * W  # CPU seconds of this thread (one torch thread)
+    wall = [0.0] * W
+    clock = time.thread_time  # not perf_counter: other processes share this machine's cores
     st = []
     for r, t in enumerate(trainers):  # segment A
-        t0 = time.perf_counter()
+        t0, w0 = clock(), time.perf_counter()
         cfg = t.cfg
         batch = t._batch(step)
         images = next(t.loader)
@@ -169,7 +179,7 @@ def virtual_step(trainers, step: int) -> Dict[str, Any]:
         counts = local.counts.tolist()  # the one host read of the real count exchange
         meta = make_meta(local.pairs, local.dense, t.width, t.height, n_cam)
         t.strategy.step_pre_backward(t.params, t.optimizers, t.strategy_state, step, meta)
-        A[r] = time.perf_counter() - t0
+        A[r], wall[r] = clock() - t0, wall[r] + time.perf_counter() - w0
         st.append({"batch": batch, "gt": gt, "g": g, "local": local, "counts": counts,
                    "meta": meta, "opts": opts, "backend": local.backend, "n_cam": n_cam})
 
@@ -185,19 +195,19 @@ def virtual_step(trainers, step: int) -> Dict[str, Any]:
 
     for d, t in enumerate(trainers):  # segment B
         s = st[d]
-        t0 = time.perf_counter()
+        t0, w0 = clock(), time.perf_counter()
         own_idx = s["batch"].own(d)
         colors, _ = _render_own(received[d], own_idx, torch.float32, t.width, t.height,
                                 s["backend"], s["opts"])
         loss = photometric_loss(colors, s["gt"], t.cfg.ssim_lambda) / s["n_cam"]
         loss.backward()
-        B[d] = time.perf_counter() - t0
+        B[d], wall[d] = clock() - t0, wall[d] + time.perf_counter() - w0
 
     for r, t in enumerate(trainers):  # segment C
         s, cfg = st[r], t.cfg
         grad = torch.cat([received[d].grad.split([st[q]["counts"][d] for q in range(W)])[r]
                           for d in range(W)])
-        t0 = time.perf_counter()
+        t0, w0 = clock(), time.perf_counter()
         outs, grads = [s["local"].payload], [grad]
         if cfg.opacity_reg > 0:
             outs.append(cfg.opacity_reg * s["g"]["opacities"].sum() / t.n_all)
@@ -212,9 +222,9 @@ def virtual_step(trainers, step: int) -> Dict[str, Any]:
             opt.step()
             opt.zero_grad(set_to_none=True)
         t._densify(step, s["meta"], lr)
-        C[r] = time.perf_counter() - t0
+        C[r], wall[r] = clock() - t0, wall[r] + time.perf_counter() - w0
     del dr
-    return {"A": A, "B": B, "C": C,
+    return {"A": A, "B": B, "C": C, "wall": wall,
             "pairs_projected": [sum(s["counts"]) for s in st],
             "pairs_rendered": [sum(st[r]["counts"][d] for r in range(W)) for d in range(W)],
             "bytes_sent": [p * F * itemsize + (count_bytes if W > 1 else 0) for p in sent],
@@ -253,12 +263,15 @@ def real_run(ctx, spec: Dict[str, Any], warmup: int, steps: int) -> Dict[str, An
         try:
             trainer.setup()
             prewarm(trainer)
-            times = []
+            times, cpu = [], []
+            shares = [cpu_share()]
             for step in range(warmup + steps):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 trainer.train_step(step)
                 if step >= warmup:
                     times.append(time.perf_counter() - t0)
+                    cpu.append(time.process_time() - c0)
+            shares.append(cpu_share())
         finally:
             trainer.cleanup()
     W = ctx.world_size
@@ -281,7 +294,22 @@ def real_run(ctx, spec: Dict[str, Any], warmup: int, steps: int) -> Dict[str, An
             t = timed(torch.zeros(W * per_peer // 4, dtype=torch.float32), 8)
             micro[f"a2a_{mib}MiB_per_peer_s"] = t
             micro[f"bandwidth_{mib}MiB_Bps"] = (W - 1) * per_peer / max(t - micro["latency_s"], 1e-9)
-    return {"rank": ctx.rank, "step_s": times, "micro": micro}
+    return {"rank": ctx.rank, "step_s": times, "cpu_s": cpu, "cpu_share": statistics.mean(shares),
+            "micro": micro}
+
+
+def cpu_share(seconds: float = 0.5) -> float:
+    """The fraction of a core this process gets right now: a pure-Python spin of
+    `seconds`, CPU time over wall time. Every rank spins at once (after a barrier), so
+    the sum over ranks is the cores the W processes get together, next to whatever else
+    runs on the machine."""
+    from distsplat.distributed import barrier
+
+    barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    while time.perf_counter() - t0 < seconds:
+        pass
+    return (time.process_time() - c0) / (time.perf_counter() - t0)
 
 
 # ------------------------------------------------------------------------------ summary
@@ -332,14 +360,22 @@ def main() -> None:
             real = run_ranks(real_run, W, spec, warmup, steps)
             measured = statistics.median(
                 max(real[r]["step_s"][i] for r in range(W)) for i in range(steps))
+            cores_got = sum(r["cpu_share"] for r in real)  # measured, not cpu_count()
+            real_cpu = statistics.median(sum(r["cpu_s"][i] for r in real) for i in range(steps))
+            virt_cpu = statistics.median(sum(x["A"]) + sum(x["B"]) + sum(x["C"]) for x in recs)
             micro = real[0]["micro"]
             link = ({"bandwidth_Bps": micro["bandwidth_4MiB_Bps"], "latency_s": micro["latency_s"],
                      "host_sync_s": 0.0} if W > 1 else {"bandwidth_Bps": 1.0, "latency_s": 0.0, "host_sync_s": 0.0})
-            pred = predict(recs, W, cores=cores, **link)
+            pred = predict(recs, W, cores=cores_got, **link)
             row["cpu_validation"] = {
                 "measured_step_ms": 1e3 * measured,
                 "predicted_step_ms": 1e3 * pred,
                 "error_pct": 100 * (pred - measured) / measured,
+                "measured_cpu_ms_all_ranks": 1e3 * real_cpu,
+                "virtual_cpu_ms_all_ranks": 1e3 * virt_cpu,
+                "cpu_error_pct": 100 * (virt_cpu - real_cpu) / real_cpu,
+                "cores_got": cores_got,
+                "cpu_share_per_rank": [r["cpu_share"] for r in real],
                 "gloo_microbenchmark": micro,
                 "cores": cores,
             }
@@ -356,8 +392,10 @@ def main() -> None:
         print(f"W={W}: virtual compute A+B+C max-rank "
               f"{row['virtual']['compute_ms_one_device_per_rank']:.0f} ms, "
               f"{sum(row['virtual']['bytes_sent']) / 1e6:.2f} MB sent/step"
-              + (f"; CPU {v['cores']} cores: predicted {v['predicted_step_ms']:.0f} ms vs measured "
-                 f"{v['measured_step_ms']:.0f} ms ({v['error_pct']:+.1f}%)" if v else ""), flush=True)
+              + (f"; CPU ({v['cores_got']:.2f} of {v['cores']} cores free): predicted {v['predicted_step_ms']:.0f} ms vs "
+                 f"measured {v['measured_step_ms']:.0f} ms ({v['error_pct']:+.1f}%), CPU work "
+                 f"{v['virtual_cpu_ms_all_ranks']:.0f} vs {v['measured_cpu_ms_all_ranks']:.0f} ms "
+                 f"({v['cpu_error_pct']:+.1f}%)" if v else ""), flush=True)
 
     # Speedups (throughput; per-rank batch fixed) from the virtual compute.
     t1 = {name: rows[0]["gpu_prediction"][name]["step_ms"] for name in LINKS}
@@ -383,6 +421,7 @@ def main() -> None:
         row.pop("_records")
     last = rows[-1]
     errors = [abs(r["cpu_validation"]["error_pct"]) for r in rows if "cpu_validation" in r and r["W"] > 1]
+    cpu_errors = [abs(r["cpu_validation"]["cpu_error_pct"]) for r in rows if "cpu_validation" in r]
     payload = {
         "load_avg_1_5_15min_at_start": load_at_start,
         "scene": spec,
@@ -395,11 +434,13 @@ def main() -> None:
                          "B": "unpack + rasterize own cameras + loss, forward and backward (until the reverse all-to-all)",
                          "C": "backward through projection + optimizer + densification statistics"},
             "exchange": "X = 3 * latency + host_sync + 2 * max_r max(bytes_sent_r, bytes_received_r) / bandwidth",
-            "makespan": "GPUs: mk = max over ranks; CPU validation: mk = max(max_r, sum_r / cores)",
+            "makespan": "GPUs: mk = max over ranks; CPU validation: mk = max_r / min(1, cores_got / W)",
         },
         "assumptions": [
-            "each rank's compute is what one process does alone, on one core (torch.set_num_threads(1)); "
-            "W real processes on this machine share its cores, modelled by sum_r / cores",
+            "each rank's compute is the CPU time of its segments run alone on one thread "
+            "(torch.set_num_threads(1)); W real processes on this machine share the cores they get "
+            "(cores_got, measured by a spin in every rank, since other users' processes run here too), "
+            "each at min(1, cores_got / W) of a core",
             "every collective is a synchronization point; no overlap of exchange and compute",
             "the local copy that replaces the all-to-all costs nothing; bytes counted from the real splits",
             "densification: statistics every step; grow/prune/rebalance steps are not modelled (rare)",
@@ -414,6 +455,8 @@ def main() -> None:
         "links": LINKS,
         "validation_abs_error_pct_W_gt_1": {"mean": statistics.mean(errors) if errors else None,
                                             "max": max(errors) if errors else None},
+        "compute_validation_abs_error_pct": {"mean": statistics.mean(cpu_errors) if cpu_errors else None,
+                                             "max": max(cpu_errors) if cpu_errors else None},
         "predicted_speedup_sweep_by_gpu_factor": sweep,
         "note": (f"Virtual ranks and the validation runs are CPU processes on a {cores}-core machine "
                  "(torch backend, 1 thread each); no GPU was used. The GPU numbers are a model "

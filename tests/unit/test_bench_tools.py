@@ -37,8 +37,9 @@ def test_summarize_reads_last_eval_step_and_every_rank(tmp_path):
 
 def test_scaling_model_arithmetic():
     assert sm.makespan([1.0, 3.0]) == 3.0
-    assert sm.makespan([1.0, 3.0, 2.0, 2.0], cores=2) == 4.0  # 8 s of work on 2 cores
-    assert sm.makespan([1.0, 3.0], cores=2) == 3.0  # the slowest rank still bounds it
+    assert sm.makespan([1.0, 3.0, 2.0, 2.0], cores=2) == 6.0  # 4 ranks at half a core each
+    assert sm.makespan([1.0, 3.0], cores=2) == 3.0  # a core each: the slowest rank
+    assert sm.makespan([2.0], cores=0.5) == 4.0  # half a core left by other processes
     assert sm.exchange_time([100], [100], 1.0, 1.0, 1.0) == 0.0  # W = 1: no exchange
     # 3 collectives + 1 host read + 2 directions at the busiest rank's 300 bytes
     assert sm.exchange_time([100, 300], [200, 50], 100.0, 0.5, 0.25) == pytest.approx(1.5 + 0.25 + 6.0)
