@@ -27,6 +27,12 @@ def machine() -> Dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:
+        # Other processes on the machine (e.g. test suites of other checkouts) share the
+        # cores: the load average at write time says how contended the timings were.
+        info["load_avg_1_5_15min"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    try:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         if names:

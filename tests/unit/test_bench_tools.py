@@ -1,0 +1,48 @@
+"""The benchmark tools' own logic (benchmarks are not tests; these checks are): the
+summary table reads a trainer's stats dir, and the scaling model's arithmetic."""
+
+import json
+
+import pytest
+
+from benchmarks import scaling_model as sm
+from benchmarks import summarize
+
+
+def _write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def test_summarize_reads_last_eval_step_and_every_rank(tmp_path):
+    run = tmp_path / "default" / "garden"
+    _write(run / "stats" / "val_step0100.json", {"psnr": 20.0, "ssim": 0.5, "num_GS": 10, "elapsed": 1.0})
+    _write(run / "stats" / "val_step0300.json", {"psnr": 25.5, "ssim": 0.8, "num_GS": 30, "elapsed": 3.0})
+    for r, (n, mem) in enumerate([(14, 0.5), (16, 0.75)]):
+        _write(run / "stats" / f"train_step0300_rank{r}.json", {"mem": mem, "num_GS": n, "ellipse_time": 3.0})
+    _write(run / "stats" / "train_step0100_rank0.json", {"mem": 9.0, "num_GS": 99})
+    (run / "wall_s.txt").write_text("12.5\n")
+    missing = tmp_path / "default" / "bicycle"
+
+    rows = [summarize.read_run(d, n) for d, n in zip([run, missing], summarize.labels([run, missing]))]
+    assert rows[0]["run"] == "garden" and rows[1]["run"] == "bicycle"
+    r = rows[0]
+    assert (r["ok"], r["step"], r["psnr"], r["num_GS"], r["wall_s"]) == (True, 300, 25.5, 30, 12.5)
+    assert r["num_GS_per_rank"] == [14, 16] and r["mem_gb_per_rank"] == [0.5, 0.75]
+    assert not rows[1]["ok"]
+    text = summarize.table(rows, "t")
+    assert "25.500" in text and "14/16" in text and "0.50/0.75" in text and "missing" in text
+    assert summarize.main([str(run)]) == 0 and summarize.main([str(run), str(missing)]) == 1
+
+
+def test_scaling_model_arithmetic():
+    assert sm.makespan([1.0, 3.0]) == 3.0
+    assert sm.makespan([1.0, 3.0, 2.0, 2.0], cores=2) == 6.0  # 4 ranks at half a core each
+    assert sm.makespan([1.0, 3.0], cores=2) == 3.0  # a core each: the slowest rank
+    assert sm.makespan([2.0], cores=0.5) == 4.0  # half a core left by other processes
+    assert sm.exchange_time([100], [100], 1.0, 1.0, 1.0) == 0.0  # W = 1: no exchange
+    # 3 collectives + 1 host read + 2 directions at the busiest rank's 300 bytes
+    assert sm.exchange_time([100, 300], [200, 50], 100.0, 0.5, 0.25) == pytest.approx(1.5 + 0.25 + 6.0)
+    t = sm.step_time([1.0, 2.0], [4.0, 2.0], [1.0, 1.0], exchange_s=0.5, compute_scale=2.0)
+    assert t == pytest.approx(1.5 + 2.0 + 0.5)
+    assert sm.speedup(1.0, 1.25, 4) == pytest.approx(3.2)
