@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Union
 
-from gsplat.strategy import DefaultStrategy, MCMCStrategy
+from .strategies import DefaultStrategy, MCMCStrategy
 
 
 @dataclass

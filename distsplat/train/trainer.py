@@ -22,7 +22,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
-from gsplat.strategy import DefaultStrategy, MCMCStrategy
 from torch import Tensor
 
 from ..data import ImageCache, ImageLoader
@@ -42,6 +41,7 @@ from .config import Config
 from .evaluate import evaluate, test_owners
 from .gaussians import activated, create_optimizers, init_gaussians, random_points
 from .losses import photometric_loss
+from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .scene_setup import check_single_size, load_scene, scene_scale
 

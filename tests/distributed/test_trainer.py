@@ -44,7 +44,7 @@ def test_w1_and_w2_training_give_the_same_parameters_and_metrics(run_workers, tm
 
 
 def test_default_strategy_densifies_on_every_rank(run_workers, tmp_path):
-    from gsplat.strategy import DefaultStrategy
+    from distsplat.train.strategies import DefaultStrategy
 
     cfg = tiny_config(str(tmp_path / "d"), max_steps=25, strategy=DefaultStrategy(
         refine_start_iter=5, refine_every=5, refine_stop_iter=1000, reset_every=10_000,

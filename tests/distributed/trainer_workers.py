@@ -6,7 +6,7 @@ import copy
 from typing import Any, Dict, Optional
 
 import torch
-from gsplat.strategy import DefaultStrategy, MCMCStrategy
+from distsplat.train.strategies import DefaultStrategy, MCMCStrategy
 
 from distsplat.distributed import CameraBatcher, chunk_bounds, distributed_rasterize, gather_counts
 from distsplat.train.config import Config, SyntheticConfig

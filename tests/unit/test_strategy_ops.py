@@ -61,3 +61,25 @@ def test_mcmc_strategy_runs_on_cpu():
     assert params["means"].shape[0] == 52  # grew by 5% (int(1.05 * 50)), under the cap
     assert (torch.sigmoid(params["opacities"][:10]) > 0.005).all()  # relocated
     assert not torch.equal(params["means"][:n].detach(), means_before)  # noise injected
+
+
+def test_default_strategy_resets_opacities_every_reset_every_steps():
+    """gsplat 1.5.3 never resets (an operator-precedence slip); ours does, at reset_every."""
+    from distsplat.train.strategies import DefaultStrategy
+
+    n = 20
+    params = torch.nn.ParameterDict({
+        "means": torch.randn(n, 3), "scales": torch.full((n, 3), -3.0),
+        "quats": torch.randn(n, 4), "opacities": torch.full((n,), 3.0), "sh0": torch.zeros(n, 1, 3),
+    })
+    optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
+    strategy = DefaultStrategy(refine_start_iter=1000, refine_stop_iter=2000, reset_every=30)
+    state = strategy.initialize_state(scene_scale=1.0)
+    info = {"means2d": torch.zeros(n, 2, requires_grad=True), "width": 10, "height": 10,
+            "n_cameras": 1, "radii": torch.ones(n, 2, dtype=torch.int32),
+            "gaussian_ids": torch.arange(n)}
+    info["means2d"].grad = torch.zeros(n, 2)
+    for step in (29, 30):
+        strategy.step_post_backward(params, optimizers, state, step, info, packed=True)
+        expected = 3.0 if step == 29 else torch.logit(torch.tensor(strategy.prune_opa * 2.0)).item()
+        torch.testing.assert_close(params["opacities"].detach(), torch.full((n,), expected))
