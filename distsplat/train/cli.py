@@ -37,10 +37,21 @@ def run(cfg: Config) -> Dict[str, Any]:
     ctx = init_distributed()
     setup_logging(ctx)
     trainer = Trainer(cfg, ctx)
+    viewer = None
     try:
+        if not cfg.disable_viewer:
+            # The viewer sits above train (DESIGN.md layers): only this entry point knows it.
+            # Started before setup, so a port in use fails at once, alike on every rank.
+            from ..viewer import LiveViewer
+
+            viewer = LiveViewer.start(ctx, cfg.viewer_host, cfg.port, max_side=cfg.viewer_res,
+                                      budget=cfg.viewer_budget)
+            trainer.step_hooks.append(viewer.on_step)
         trainer.setup()
         return trainer.train()
     finally:
+        if viewer is not None:
+            viewer.close()
         trainer.cleanup()
         destroy(ctx)
 

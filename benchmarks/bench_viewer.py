@@ -1,0 +1,186 @@
+"""Benchmark of the live viewer's cost to training (DESIGN.md: the viewer renders between
+steps): step time of a W-rank training of the built-in synthetic scene with
+
+    off      --disable_viewer
+    idle     the viewer on, no browser (polls only)
+    client   a browser that moves its camera every 20 ms, simulated inside rank 0's server
+             (so every poll has a request; frames are JPEG-encoded as viser sends them)
+    browser  a real headless Chromium on the viewer page (when installed); it shares
+             this machine's cores with the training, which a user's laptop would not
+
+Modes run interleaved REPS times (other processes on the machine drift; interleaving
+spreads that over all modes). Step time = the trainer's own steps/s over the run.
+
+    python benchmarks/bench_viewer.py                   # NGPU=2 STEPS=200 REPS=2 SCENE=3000
+    NGPU=2 STEPS=200 REPS=2 MODES=off,client python benchmarks/bench_viewer.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import write_result  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fake_browser(server, stop: threading.Event) -> None:
+    """A browser orbiting the scene: a new camera every 20 ms; frames encoded like viser's."""
+    import math
+
+    import numpy as np
+    from scipy.spatial.transform import Rotation
+    from viser._scene_api import _encode_image_binary  # what set_background_image costs
+
+    from distsplat.viewer.server import _Browser
+
+    def deliver(client_id, image):
+        _encode_image_binary(image, "jpeg", jpeg_quality=90)
+        server.frames += 1
+
+    server.frames = 0
+    server._deliver_frame = deliver
+    t = 0
+    while not stop.is_set():
+        a = 0.05 * t
+        eye = (4 * math.cos(a), 4 * math.sin(a), 1.0)
+        # camera-to-world looking at the origin, OpenCV axes, as a quaternion
+        z = -np.array(eye) / np.linalg.norm(eye)
+        x = np.cross(z, [0.0, 0.0, 1.0])
+        x /= np.linalg.norm(x)
+        q = Rotation.from_matrix(np.stack([x, np.cross(z, x), z], axis=1)).as_quat()
+        with server._lock:
+            old = server._browsers.get(0)
+            b = _Browser((q[3], q[0], q[1], q[2]), eye, 0.9, 16 / 9)
+            if old is not None:
+                b.version, b.served, b.served_at = old.version + 1, old.served, old.served_at
+            server._browsers[0] = b
+        t += 1
+        time.sleep(0.02)
+
+
+def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_port: int,
+           out_dir: str) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(W), "LOCAL_RANK": str(rank)})
+    torch.set_num_threads(1)
+    import distsplat.viewer.live as live
+    from distsplat.train.cli import run
+    from distsplat.train.config import default_config
+
+    stop = threading.Event()
+    frames = {}
+    if mode == "client":
+        start = live.LiveViewer.start.__func__
+
+        def start_with_browser(cls, ctx, *a, **k):
+            viewer = start(cls, ctx, *a, **k)
+            if viewer.server is not None:
+                frames["server"] = viewer.server
+                threading.Thread(target=_fake_browser, args=(viewer.server, stop), daemon=True).start()
+            return viewer
+
+        live.LiveViewer.start = classmethod(start_with_browser)
+    cfg = default_config()
+    cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = steps, [], [], False
+    cfg.result_dir, cfg.disable_viewer, cfg.port = str(Path(out_dir) / mode), mode == "off", viewer_port
+    cfg.synthetic.num_gaussians, cfg.log_every, cfg.num_workers = n, steps, 1
+    metrics = run(cfg)
+    stop.set()
+    n_frames = getattr(frames.get("server"), "frames", None)
+    torch.save({"steps_per_s": metrics["steps_per_s"], "frames": n_frames},
+               Path(out_dir) / f"{mode}_rank{rank}.pt")
+
+
+def run_mode(mode: str, W: int, steps: int, n: int) -> dict:
+    viewer_port = free_port()
+    driver = None
+    with tempfile.TemporaryDirectory(prefix="bench-viewer-") as out_dir:
+        ctx = mp.start_processes(worker, args=(W, free_port(), mode, steps, n, viewer_port, out_dir),
+                                 nprocs=W, start_method="spawn", join=False)
+        if mode == "browser":
+            driver = _open_browser(viewer_port)
+        try:
+            while not ctx.join():
+                pass
+        finally:
+            if driver is not None:
+                driver.quit()
+        r0 = torch.load(Path(out_dir) / f"{mode}_rank0.pt")
+    return {"mode": mode, "step_ms": 1000.0 / r0["steps_per_s"], "frames": r0["frames"]}
+
+
+def _open_browser(port: int):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--enable-unsafe-swiftshader", "--window-size=800,560",
+                f"--user-data-dir={tempfile.mkdtemp(prefix='bench-chromium-')}"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    for _ in range(120):
+        try:
+            driver.get(f"http://127.0.0.1:{port}")
+            return driver
+        except Exception:  # noqa: BLE001 - the server is not up yet
+            time.sleep(0.5)
+    return driver
+
+
+def main() -> None:
+    W = int(os.environ.get("NGPU", "2"))
+    steps = int(os.environ.get("STEPS", "200"))
+    reps = int(os.environ.get("REPS", "2"))
+    n = int(os.environ.get("SCENE", "3000"))
+    modes = os.environ.get("MODES", "off,idle,client,browser").split(",")
+    if "browser" in modes and not (shutil.which("chromium") and shutil.which("chromedriver")):
+        modes.remove("browser")
+    runs = []
+    for rep in range(reps):
+        for mode in modes:
+            r = run_mode(mode, W, steps, n)
+            r["rep"] = rep
+            runs.append(r)
+            print(f"rep {rep} {mode:8s} {r['step_ms']:.1f} ms/step, frames {r['frames']}", flush=True)
+    summary = {}
+    for mode in modes:
+        times = [r["step_ms"] for r in runs if r["mode"] == mode]
+        summary[mode] = {"step_ms_median": statistics.median(times), "step_ms": times}
+    base = summary["off"]["step_ms_median"] if "off" in summary else None
+    for mode, s in summary.items():
+        s["overhead_vs_off"] = (s["step_ms_median"] / base - 1) if base else None
+    path = write_result("viewer_cpu", {
+        "world_size": W, "steps": steps, "reps": reps, "num_gaussians": n,
+        "viewer": {"budget": 0.04, "max_side": 512, "scene": "synthetic 64x48"},
+        "summary": summary, "runs": runs,
+        "note": "CPU gloo, 2-core machine shared with other jobs; 'browser' runs Chromium "
+                "(software WebGL) on the same cores as training",
+    })
+    line = ", ".join(f"{m} {s['step_ms_median']:.1f} ms ({(s['overhead_vs_off'] or 0) * 100:+.1f}%)"
+                     for m, s in summary.items())
+    print(f"bench_viewer W={W}: {line} -> {path}")
+
+
+if __name__ == "__main__":
+    main()
