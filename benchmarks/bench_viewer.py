@@ -9,7 +9,9 @@ steps): step time of a W-rank training of the built-in synthetic scene with
              this machine's cores with the training, which a user's laptop would not
 
 Modes run interleaved REPS times (other processes on the machine drift; interleaving
-spreads that over all modes). Step time = the trainer's own steps/s over the run.
+spreads that over all modes). Step time = the trainer's own steps/s over the run; the
+viewer's share = time inside the viewer's hook on rank 0 / the training loop's time (the
+direct cost, robust to other load on the machine).
 
     python benchmarks/bench_viewer.py                   # NGPU=2 STEPS=200 REPS=2 SCENE=3000
     NGPU=2 STEPS=200 REPS=2 MODES=off,client python benchmarks/bench_viewer.py
@@ -88,6 +90,17 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
 
     stop = threading.Event()
     frames = {}
+    hook = {"s": 0.0, "calls": 0}
+    if mode != "off":  # the viewer's own time inside the training loop, on this rank
+        on_step = live.LiveViewer.on_step
+
+        def timed_on_step(self, trainer, step):
+            t0 = time.perf_counter()
+            on_step(self, trainer, step)
+            hook["s"] += time.perf_counter() - t0
+            hook["calls"] += 1
+
+        live.LiveViewer.on_step = timed_on_step
     if mode == "client":
         start = live.LiveViewer.start.__func__
 
@@ -106,7 +119,9 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
     metrics = run(cfg)
     stop.set()
     n_frames = getattr(frames.get("server"), "frames", None)
-    torch.save({"steps_per_s": metrics["steps_per_s"], "frames": n_frames},
+    loop_s = steps / metrics["steps_per_s"]
+    torch.save({"steps_per_s": metrics["steps_per_s"], "frames": n_frames,
+                "hook_fraction": hook["s"] / loop_s, "hook_calls": hook["calls"]},
                Path(out_dir) / f"{mode}_rank{rank}.pt")
 
 
@@ -125,7 +140,8 @@ def run_mode(mode: str, W: int, steps: int, n: int) -> dict:
             if driver is not None:
                 driver.quit()
         r0 = torch.load(Path(out_dir) / f"{mode}_rank0.pt")
-    return {"mode": mode, "step_ms": 1000.0 / r0["steps_per_s"], "frames": r0["frames"]}
+    return {"mode": mode, "step_ms": 1000.0 / r0["steps_per_s"], "frames": r0["frames"],
+            "hook_fraction": r0["hook_fraction"]}
 
 
 def _open_browser(port: int):
@@ -162,17 +178,20 @@ def main() -> None:
             r = run_mode(mode, W, steps, n)
             r["rep"] = rep
             runs.append(r)
-            print(f"rep {rep} {mode:8s} {r['step_ms']:.1f} ms/step, frames {r['frames']}", flush=True)
+            print(f"rep {rep} {mode:8s} {r['step_ms']:.1f} ms/step, frames {r['frames']}, "
+                  f"viewer hook {100 * r['hook_fraction']:.2f}% of the loop", flush=True)
     summary = {}
     for mode in modes:
         times = [r["step_ms"] for r in runs if r["mode"] == mode]
-        summary[mode] = {"step_ms_median": statistics.median(times), "step_ms": times}
+        hooks = [r["hook_fraction"] for r in runs if r["mode"] == mode]
+        summary[mode] = {"step_ms_median": statistics.median(times), "step_ms": times,
+                         "viewer_hook_fraction_median": statistics.median(hooks)}
     base = summary["off"]["step_ms_median"] if "off" in summary else None
     for mode, s in summary.items():
         s["overhead_vs_off"] = (s["step_ms_median"] / base - 1) if base else None
     path = write_result("viewer_cpu", {
         "world_size": W, "steps": steps, "reps": reps, "num_gaussians": n,
-        "viewer": {"budget": 0.04, "max_side": 512, "scene": "synthetic 64x48"},
+        "viewer": {"budget": 0.03, "max_side": 512, "scene": "synthetic 64x48"},
         "summary": summary, "runs": runs,
         "note": "CPU gloo, 2-core machine shared with other jobs; 'browser' runs Chromium "
                 "(software WebGL) on the same cores as training",

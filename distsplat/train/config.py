@@ -107,7 +107,7 @@ class Config:
     """Address the viewer serves on; 127.0.0.1 keeps it off the network (use ssh -L), 0.0.0.0 exposes it."""
     viewer_res: int = 512
     """Longest side of viewer frames in pixels (the panel changes it)."""
-    viewer_budget: float = 0.04
+    viewer_budget: float = 0.03
     """Fraction of training wall time that viewer frames may take."""
     tb_every: int = 100
     """TensorBoard scalars every N steps (rank 0)."""

@@ -77,7 +77,7 @@ class LiveViewer:
 
     @classmethod
     def start(cls, ctx: DistContext, host: str = "127.0.0.1", port: int = 8080,
-              max_side: int = 512, budget: float = 0.04, max_fps: float = 20.0,
+              max_side: int = 512, budget: float = 0.03, max_fps: float = 20.0,
               title: str = "distsplat") -> "LiveViewer":
         """Starts the server on rank 0. A port in use (or any start failure) raises the same
         ValueError naming the port on every rank, before training: rank 0's outcome

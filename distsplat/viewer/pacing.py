@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 @dataclass
 class Pacer:
-    budget: float = 0.04  # fraction of wall time viewer frames may take while training
+    budget: float = 0.03  # fraction of wall time viewer frames may take while training
     max_fps: float = 20.0
-    max_wait_s: float = 0.5  # longest time between polls
+    max_wait_s: float = 1.0  # longest time between polls (pause clicks take effect within it)
 
     def __post_init__(self) -> None:
         if not (0.0 < self.budget < 1.0):

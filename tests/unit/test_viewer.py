@@ -100,6 +100,36 @@ def test_requests_coalesce_latest_camera_wins():
         server.close()
 
 
+def test_a_stuck_or_vanished_browser_never_blocks_the_training_thread():
+    import threading
+    import time
+
+    server = ViewerServer("127.0.0.1", 0, max_side=64)
+    release, delivered = threading.Event(), []
+
+    def stuck(client_id, image):  # a websocket write that hangs (browser gone mid-frame)
+        delivered.append(client_id)
+        release.wait(10)
+        raise ConnectionError("browser went away")
+
+    try:
+        server.send_frame(123, np.zeros((4, 4, 3), np.uint8))  # no such browser: dropped
+        time.sleep(0.1)
+        server._deliver_frame = stuck
+        t0 = time.perf_counter()
+        for i in range(5):  # the training thread hands frames over while the sender hangs
+            server.send_frame(i, np.zeros((4, 4, 3), np.uint8))
+            server.show(f"step {i}")
+        assert time.perf_counter() - t0 < 0.5  # the stuck write holds the sender for 10 s
+        release.set()
+        time.sleep(0.2)
+        assert delivered[-1] == 4 and len(delivered) <= 2  # latest wins: no backlog of frames
+        assert server._sender.is_alive()  # the error was swallowed, the sender goes on
+    finally:
+        release.set()
+        server.close()
+
+
 def _raw_params(n, sh_rest, seed=0):
     g = torch.Generator().manual_seed(seed)
     return {"means": torch.randn(n, 3, generator=g), "scales": torch.randn(n, 3, generator=g),
