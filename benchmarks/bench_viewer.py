@@ -11,7 +11,8 @@ steps): step time of a W-rank training of the built-in synthetic scene with
 Modes run interleaved REPS times (other processes on the machine drift; interleaving
 spreads that over all modes). Step time = the trainer's own steps/s over the run; the
 viewer's share = time inside the viewer's hook on rank 0 / the training loop's time (the
-direct cost, robust to other load on the machine).
+direct cost), and CPU time of all ranks' processes (every thread: viser, JPEG encoding)
+per step, both far less sensitive to other jobs on the machine than wall time.
 
     python benchmarks/bench_viewer.py                   # NGPU=2 STEPS=200 REPS=2 SCENE=3000
     NGPU=2 STEPS=200 REPS=2 MODES=off,client python benchmarks/bench_viewer.py
@@ -44,13 +45,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _fake_browser(server, stop: threading.Event) -> None:
-    """A browser orbiting the scene: a new camera every 20 ms; frames encoded like viser's."""
+def _orbit(n: int = 360) -> list:
+    """n (wxyz, position) camera poses on a circle around the scene, looking at the origin
+    (camera-to-world, OpenCV axes). Precomputed: the fake browser itself should cost
+    about what viser's handling of a camera message does, not a rotation solve."""
     import math
 
     import numpy as np
     from scipy.spatial.transform import Rotation
-    from viser._scene_api import _encode_image_binary  # what set_background_image costs
+
+    poses = []
+    for i in range(n):
+        a = 2 * math.pi * i / n
+        eye = np.array([4 * math.cos(a), 4 * math.sin(a), 1.0])
+        z = -eye / np.linalg.norm(eye)
+        x = np.cross(z, [0.0, 0.0, 1.0])
+        x /= np.linalg.norm(x)
+        qx, qy, qz, qw = Rotation.from_matrix(np.stack([x, np.cross(z, x), z], axis=1)).as_quat()
+        poses.append(((qw, qx, qy, qz), tuple(eye)))
+    return poses
+
+
+def _fake_browser(server, stop: threading.Event) -> None:
+    """A browser orbiting the scene: a new camera every 20 ms (what viser's camera
+    callback stores); frames are JPEG-encoded like viser's set_background_image."""
+    from viser._scene_api import _encode_image_binary
 
     from distsplat.viewer.server import _Browser
 
@@ -60,18 +79,12 @@ def _fake_browser(server, stop: threading.Event) -> None:
 
     server.frames = 0
     server._deliver_frame = deliver
-    t = 0
+    poses, t = _orbit(), 0
     while not stop.is_set():
-        a = 0.05 * t
-        eye = (4 * math.cos(a), 4 * math.sin(a), 1.0)
-        # camera-to-world looking at the origin, OpenCV axes, as a quaternion
-        z = -np.array(eye) / np.linalg.norm(eye)
-        x = np.cross(z, [0.0, 0.0, 1.0])
-        x /= np.linalg.norm(x)
-        q = Rotation.from_matrix(np.stack([x, np.cross(z, x), z], axis=1)).as_quat()
+        wxyz, eye = poses[t % len(poses)]
         with server._lock:
             old = server._browsers.get(0)
-            b = _Browser((q[3], q[0], q[1], q[2]), eye, 0.9, 16 / 9)
+            b = _Browser(wxyz, eye, 0.9, 16 / 9)
             if old is not None:
                 b.version, b.served, b.served_at = old.version + 1, old.served, old.served_at
             server._browsers[0] = b
@@ -112,6 +125,18 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
             return viewer
 
         live.LiveViewer.start = classmethod(start_with_browser)
+    from distsplat.train.trainer import Trainer
+
+    cpu = {}
+    train = Trainer.train
+
+    def timed_train(self):  # CPU time of this process (all its threads) over the training loop
+        c0 = time.process_time()
+        out = train(self)
+        cpu["s"] = time.process_time() - c0
+        return out
+
+    Trainer.train = timed_train
     cfg = default_config()
     cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = steps, [], [], False
     cfg.result_dir, cfg.disable_viewer, cfg.port = str(Path(out_dir) / mode), mode == "off", viewer_port
@@ -121,7 +146,7 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
     n_frames = getattr(frames.get("server"), "frames", None)
     loop_s = steps / metrics["steps_per_s"]
     torch.save({"steps_per_s": metrics["steps_per_s"], "frames": n_frames,
-                "hook_fraction": hook["s"] / loop_s, "hook_calls": hook["calls"]},
+                "hook_fraction": hook["s"] / loop_s, "hook_calls": hook["calls"], "cpu_s": cpu["s"]},
                Path(out_dir) / f"{mode}_rank{rank}.pt")
 
 
@@ -139,9 +164,11 @@ def run_mode(mode: str, W: int, steps: int, n: int) -> dict:
         finally:
             if driver is not None:
                 driver.quit()
-        r0 = torch.load(Path(out_dir) / f"{mode}_rank0.pt")
+        ranks = [torch.load(Path(out_dir) / f"{mode}_rank{r}.pt") for r in range(W)]
+    r0 = ranks[0]
     return {"mode": mode, "step_ms": 1000.0 / r0["steps_per_s"], "frames": r0["frames"],
-            "hook_fraction": r0["hook_fraction"]}
+            "hook_fraction": r0["hook_fraction"],
+            "cpu_ms_per_step": 1000.0 * sum(r["cpu_s"] for r in ranks) / steps}
 
 
 def _open_browser(port: int):
@@ -179,16 +206,21 @@ def main() -> None:
             r["rep"] = rep
             runs.append(r)
             print(f"rep {rep} {mode:8s} {r['step_ms']:.1f} ms/step, frames {r['frames']}, "
-                  f"viewer hook {100 * r['hook_fraction']:.2f}% of the loop", flush=True)
+                  f"viewer hook {100 * r['hook_fraction']:.2f}% of the loop, "
+                  f"CPU {r['cpu_ms_per_step']:.1f} ms/step (all ranks)", flush=True)
     summary = {}
     for mode in modes:
         times = [r["step_ms"] for r in runs if r["mode"] == mode]
         hooks = [r["hook_fraction"] for r in runs if r["mode"] == mode]
+        cpus = [r["cpu_ms_per_step"] for r in runs if r["mode"] == mode]
         summary[mode] = {"step_ms_median": statistics.median(times), "step_ms": times,
-                         "viewer_hook_fraction_median": statistics.median(hooks)}
+                         "viewer_hook_fraction_median": statistics.median(hooks),
+                         "cpu_ms_per_step_median": statistics.median(cpus)}
     base = summary["off"]["step_ms_median"] if "off" in summary else None
+    cpu_base = summary["off"]["cpu_ms_per_step_median"] if "off" in summary else None
     for mode, s in summary.items():
         s["overhead_vs_off"] = (s["step_ms_median"] / base - 1) if base else None
+        s["cpu_overhead_vs_off"] = (s["cpu_ms_per_step_median"] / cpu_base - 1) if cpu_base else None
     path = write_result("viewer_cpu", {
         "world_size": W, "steps": steps, "reps": reps, "num_gaussians": n,
         "viewer": {"budget": 0.03, "max_side": 512, "scene": "synthetic 64x48"},
@@ -196,8 +228,9 @@ def main() -> None:
         "note": "CPU gloo, 2-core machine shared with other jobs; 'browser' runs Chromium "
                 "(software WebGL) on the same cores as training",
     })
-    line = ", ".join(f"{m} {s['step_ms_median']:.1f} ms ({(s['overhead_vs_off'] or 0) * 100:+.1f}%)"
-                     for m, s in summary.items())
+    line = ", ".join(f"{m} {s['step_ms_median']:.1f} ms ({(s['overhead_vs_off'] or 0) * 100:+.1f}%, "
+                     f"CPU {(s['cpu_overhead_vs_off'] or 0) * 100:+.1f}%, "
+                     f"hook {100 * s['viewer_hook_fraction_median']:.1f}%)" for m, s in summary.items())
     print(f"bench_viewer W={W}: {line} -> {path}")
 
 
