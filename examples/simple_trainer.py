@@ -8,7 +8,7 @@
 Flags follow gsplat's examples/simple_trainer.py; see --help.
 """
 
-from distsplat.train.cli import main
+from distsplat.app import main
 
 if __name__ == "__main__":
     main()

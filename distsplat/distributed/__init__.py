@@ -12,6 +12,7 @@ from .context import (
     all_reduce_max,
     all_reduce_sum,
     barrier,
+    broadcast,
     destroy,
     init_distributed,
     rank,
@@ -23,6 +24,6 @@ from .render import distributed_rasterize
 
 __all__ = [
     "CameraBatch", "CameraBatcher", "DistContext", "all_reduce_max", "all_reduce_sum",
-    "barrier", "chunk_bounds", "destroy", "distributed_rasterize", "init_distributed",
+    "barrier", "broadcast", "chunk_bounds", "destroy", "distributed_rasterize", "init_distributed",
     "gather_counts", "local_chunk", "move_rows", "rank", "setup_logging", "world_size",
 ]

@@ -149,6 +149,14 @@ def all_reduce_max(x: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tens
     return out
 
 
+def broadcast(x: Tensor, src: int = 0, group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Rank `src`'s `x` on every rank, written into `x` in place and returned; `x`
+    itself at W=1 (the viewer's per-poll message is the one user)."""
+    if world_size(group) > 1:
+        dist.broadcast(x, src=src, group=group)
+    return x
+
+
 def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
     """Waits for every rank; no-op at W=1."""
     if world_size(group) > 1:

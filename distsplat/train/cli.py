@@ -1,4 +1,4 @@
-"""`distsplat-train` / `examples/simple_trainer.py`: parse (tyro, subcommands `default`
+"""The trainer's command line (wrapped by `distsplat.app`, which adds the viewer): parse (tyro, subcommands `default`
 and `mcmc` as gsplat's simple_trainer), then run one rank's training. Runs unchanged under
 `python` (one process) and `torchrun --nproc_per_node=W` (gloo on CPU, nccl on GPUs)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..distributed import destroy, init_distributed, setup_logging
 from .config import Config, default_config, mcmc_config
@@ -27,7 +27,12 @@ def parse(args: Optional[Sequence[str]] = None) -> Config:
     return tyro.extras.overridable_config_cli(CONFIGS, args=args)
 
 
-def run(cfg: Config) -> Dict[str, Any]:
+# An extension attaches to the trainer before setup (e.g. the live viewer, a layer above
+# this one, wired in by distsplat.app) and returns a function that releases it, or None.
+Extension = Callable[[Config, Any, Any], Optional[Callable[[], None]]]
+
+
+def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
     """Trains with cfg on this process's rank. Bad input (config, data, checkpoint) raises
     ValueError with the same message on every rank, before any collective can hang."""
     from .trainer import Trainer
@@ -37,18 +42,24 @@ def run(cfg: Config) -> Dict[str, Any]:
     ctx = init_distributed()
     setup_logging(ctx)
     trainer = Trainer(cfg, ctx)
+    closers = []
     try:
+        for extension in extensions:
+            closers.append(extension(cfg, ctx, trainer))
         trainer.setup()
         return trainer.train()
     finally:
+        for close in reversed(closers):
+            if close is not None:
+                close()
         trainer.cleanup()
         destroy(ctx)
 
 
-def main(args: Optional[Sequence[str]] = None) -> None:
+def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] = ()) -> None:
     cfg = parse(args)
     try:
-        metrics = run(cfg)
+        metrics = run(cfg, extensions)
     except ValueError as e:  # bad input: one line naming the flag/file, not a traceback
         rank = _rank()
         print(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", file=sys.stderr)

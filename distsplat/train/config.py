@@ -100,7 +100,15 @@ class Config:
     """Batches decoded ahead of the step that needs them."""
 
     disable_viewer: bool = False
+    """Do not start the live viewer (viser, on rank 0)."""
     port: int = 8080
+    """Port of the live viewer; a port in use stops the run before training."""
+    viewer_host: str = "127.0.0.1"
+    """Address the viewer serves on; 127.0.0.1 keeps it off the network (use ssh -L), 0.0.0.0 exposes it."""
+    viewer_res: int = 512
+    """Longest side of viewer frames in pixels (the panel changes it)."""
+    viewer_budget: float = 0.03
+    """Fraction of training wall time that viewer frames may take."""
     tb_every: int = 100
     """TensorBoard scalars every N steps (rank 0)."""
     log_every: int = 100
@@ -141,6 +149,9 @@ class Config:
             (self.num_workers >= 1 and self.prefetch >= 1, "--num_workers/--prefetch", "must be >= 1"),
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
             (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
+            (0 <= self.port <= 65535, "--port", f"must be in 0..65535, got {self.port}"),
+            (0.0 < self.viewer_budget < 1.0, "--viewer_budget", f"must be in (0, 1), got {self.viewer_budget}"),
+            (self.viewer_res >= 16, "--viewer_res", f"must be >= 16, got {self.viewer_res}"),
             (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),
         ]
         for ok, flag, msg in checks:

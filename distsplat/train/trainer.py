@@ -101,8 +101,6 @@ class Trainer:
             log.info("scene: %d train / %d test cameras at %dx%d, scale %.3f; %d Gaussians on %d ranks",
                      len(self.train_idx), len(self.test_idx), self.width, self.height,
                      self.scene_scale, self.n_all, W)
-            if not cfg.disable_viewer:
-                log.info("live viewer: not part of this version yet; --disable_viewer has no effect")
 
     def _init_gaussians(self) -> None:
         cfg, ctx = self.cfg, self.ctx
