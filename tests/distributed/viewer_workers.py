@@ -111,10 +111,11 @@ def poll_schedule(ctx: DistContext, steps: int, step_s: float, pause_at: int) ->
 
 
 def train_with_viewer(ctx: DistContext, port: int, result_dir: str, max_steps: int) -> Dict[str, Any]:
-    """cli.run with the viewer on: the built-in synthetic scene, small and random-initialized
-    so that frames change visibly as training proceeds."""
+    """cli.run with the viewer attached as distsplat.app does: the built-in synthetic scene,
+    small and random-initialized so that frames change visibly as training proceeds."""
     torch.set_num_threads(1)
     from distsplat.train.cli import run
+    from distsplat.viewer import attach_live_viewer
     from distsplat.train.config import SyntheticConfig, default_config
 
     cfg = default_config()
@@ -124,7 +125,7 @@ def train_with_viewer(ctx: DistContext, port: int, result_dir: str, max_steps: i
     cfg.init_type, cfg.init_num_pts, cfg.init_extent = "random", 600, 0.4
     cfg.sh_degree, cfg.num_workers, cfg.log_every = 0, 1, 25
     cfg.viewer_res, cfg.viewer_budget = 96, 0.3
-    metrics = run(cfg)
+    metrics = run(cfg, extensions=[attach_live_viewer])
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
