@@ -317,7 +317,9 @@ class Trainer:
         barrier()
         per_gaussian = {k: v for k, v in self.strategy_state.items()
                         if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
-        ck.write_shard(root, step, ctx.rank, ck.shard_payload(self.params, self.optimizers, per_gaussian))
+        payload = ck.shard_payload(self.params, self.optimizers, per_gaussian)
+        payload["rng"] = rng_state(self.device)  # densification draws from it
+        ck.write_shard(root, step, ctx.rank, payload)
         barrier()
         if ctx.is_main:
             pos = self.batch_start + step - self.start_step
@@ -352,6 +354,11 @@ class Trainer:
             self.strategy_state[k] = v
         self.n_all = n_all
         self.start_step = int(meta["step"])
+        if meta["world_size"] == self.ctx.world_size:  # each rank continues its own stream
+            shard = Path(meta["dir"]) / meta["shards"][self.ctx.rank]["file"]
+            set_rng_state(torch.load(shard, map_location="cpu", weights_only=True).get("rng"), self.device)
+        else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
+            torch.manual_seed(self.cfg.seed + 7919 * self.start_step + self.ctx.rank)
         state = meta["state"]["batcher"]
         self.batcher.load_state_dict(state)
         self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
@@ -367,3 +374,18 @@ class Trainer:
             self.cache.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def rng_state(device: torch.device) -> Dict[str, Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: Optional[Dict[str, Tensor]], device: torch.device) -> None:
+    if not state:
+        return
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)

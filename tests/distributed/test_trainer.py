@@ -87,8 +87,8 @@ def w2_checkpoint(tmp_path_factory, run_workers):
     return out, results
 
 
-@pytest.mark.parametrize("W", [1, 3])
-def test_w2_checkpoint_resumes_on_other_world_sizes(run_workers, w2_checkpoint, W):
+@pytest.mark.parametrize("W", [1, 2, 3])
+def test_w2_checkpoint_resumes_on_any_world_size(run_workers, w2_checkpoint, W):
     out, trained = w2_checkpoint
     cfg = tiny_config(str(out / f"resume{W}"), max_steps=15, ckpt=str(out / "ckpts"))
     resumed = run_workers("trainer_workers:resume", W, cfg)
@@ -97,6 +97,9 @@ def test_w2_checkpoint_resumes_on_other_world_sizes(run_workers, w2_checkpoint, 
         saved = torch.cat([r["params"][k] for r in trained])
         torch.testing.assert_close(torch.cat([r["params"][k] for r in resumed]), saved, rtol=0, atol=0)
     torch.testing.assert_close(resumed[0]["render"], trained[0]["render"], rtol=0, atol=1e-6)
+    if W == 2:  # the same ranks continue their own random streams (densification draws)
+        for r in range(2):
+            assert torch.equal(resumed[r]["rng"], trained[r]["rng"])
 
 
 # ------------------------------------------------------------------ the CLI under torchrun

@@ -80,7 +80,7 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False) -> Di
         metrics = trainer.train()
         return {"params": _params(trainer), "metrics": metrics, "render": fixed_view_render(trainer),
                 "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
-                "local_cap": getattr(trainer.strategy, "cap_max", None)}
+                "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state()}
     finally:
         trainer.cleanup()
 
@@ -91,7 +91,7 @@ def resume(ctx, cfg: Config) -> Dict[str, Any]:
     try:
         trainer.setup()
         return {"params": _params(trainer), "render": fixed_view_render(trainer),
-                "start_step": trainer.start_step}
+                "start_step": trainer.start_step, "rng": torch.get_rng_state()}
     finally:
         trainer.cleanup()
 
