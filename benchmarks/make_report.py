@@ -175,7 +175,7 @@ def headline(model, vs_cpu, vs_gpu, bd) -> List[str]:
                        "other users' load): treat W as the ceiling and the excess as the model's noise here.")
         prev = load("scaling_model_earlier")
         if prev is not None:
-            ps, pc = prev["results"][-1]["gpu_prediction"]["speedup"], prev.get("compute_validation_abs_error_pct", {})
+            ps = prev["results"][-1]["gpu_prediction"]["speedup"]
             out.append(f"- The same command run earlier ({prev['date']}, `scaling_model_earlier.json`) predicted "
                        f"{ps['nvlink']:.2f}x / {ps['pcie4']:.2f}x: on this shared machine the spread between "
                        "runs (other users' load changes the CPU time of the same work, mostly the W = 1 "

@@ -197,7 +197,7 @@ class Trainer:
         return self.metrics
 
     def train_step(self, step: int) -> Tensor:
-        cfg, ctx = self.cfg, self.ctx
+        cfg = self.cfg
         batch = self._batch(step)
         images = next(self.loader)
         gt = images.stacked().to(self.device).float() / 255.0  # [C_own, H, W, 3]

@@ -2,7 +2,6 @@
 text round trips, data factors, splits, normalization and camera models."""
 
 import math
-import shutil
 
 import numpy as np
 import pytest

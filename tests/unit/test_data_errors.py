@@ -12,7 +12,7 @@ import pytest
 from distsplat.data import DataError, ImageCache, ImageLoader, TarShardSource, load_blender, load_colmap, pack_shards
 from distsplat.data import colmap_io
 
-from .data_helpers import make_colmap_dataset, scene_to_model
+from .data_helpers import make_colmap_dataset
 
 
 @pytest.fixture

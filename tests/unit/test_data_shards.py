@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distsplat.data import ImageCache, ImageLoader, TarShardSource, load_colmap, pack_shards
+from distsplat.data import ImageCache, ImageLoader, TarShardSource, load_colmap
 
 from .data_helpers import make_colmap_dataset, pillow_decode
 

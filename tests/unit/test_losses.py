@@ -1,7 +1,5 @@
 """Losses and metrics against independent references (scipy's Gaussian filter, closed forms)."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
