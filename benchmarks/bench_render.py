@@ -93,9 +93,17 @@ def main() -> None:
     if device == "cpu":
         runs["torch"] = time_fwd_bwd(scene, width, height, "torch", repeats)
         if dense:
-            runs["torch_dense_baseline"] = time_fwd_bwd(
-                scene, width, height, "torch", 1, tile_size=max(width, height)
-            )
+            # Untiled and without early stops: one tile over the whole image, the whole
+            # depth list at once (every Gaussian at every pixel).
+            from distsplat.render import torch_backend
+
+            chunk, torch_backend.DEPTH_CHUNK = torch_backend.DEPTH_CHUNK, 1 << 62
+            try:
+                runs["torch_dense_baseline"] = time_fwd_bwd(
+                    scene, width, height, "torch", 1, tile_size=max(width, height)
+                )
+            finally:
+                torch_backend.DEPTH_CHUNK = chunk
     else:
         runs["gsplat"] = time_fwd_bwd(scene, width, height, "gsplat", repeats)
         runs["torch"] = time_fwd_bwd(scene, width, height, "torch", repeats)
