@@ -131,22 +131,23 @@ def rank(group: Optional[dist.ProcessGroup] = None) -> int:
     return dist.get_rank(group)
 
 
-def all_reduce_sum(x: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
-    """Sum of `x` over ranks as a new tensor (`x` is untouched); `x` itself at W=1."""
+def _all_reduce(x: Tensor, op: dist.ReduceOp, group: Optional[dist.ProcessGroup]) -> Tensor:
+    """Reduction of `x` over ranks as a new tensor (`x` is untouched); `x` itself at W=1."""
     if world_size(group) == 1:
         return x
     out = x.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(out, op=op, group=group)
     return out
+
+
+def all_reduce_sum(x: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Sum of `x` over ranks as a new tensor (`x` is untouched); `x` itself at W=1."""
+    return _all_reduce(x, dist.ReduceOp.SUM, group)
 
 
 def all_reduce_max(x: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
     """Elementwise max over ranks as a new tensor; `x` itself at W=1."""
-    if world_size(group) == 1:
-        return x
-    out = x.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
-    return out
+    return _all_reduce(x, dist.ReduceOp.MAX, group)
 
 
 def broadcast(x: Tensor, src: int = 0, group: Optional[dist.ProcessGroup] = None) -> Tensor:
