@@ -4,6 +4,7 @@
     CameraBatcher                    shared-seed batches, fixed camera -> owner rank
     chunk_bounds / local_chunk       contiguous Gaussian chunks
     distributed_rasterize            project -> packed all-to-all -> rasterize own cameras
+    raise_together / describe_failure  agree on setup errors; name the rank that failed
 """
 
 from .batcher import CameraBatch, CameraBatcher
@@ -19,6 +20,7 @@ from .context import (
     setup_logging,
     world_size,
 )
+from .failures import PeerFailure, describe_failure, is_peer_failure, raise_together, record_for_launcher
 from .partition import chunk_bounds, gather_counts, local_chunk, move_rows
 from .render import distributed_rasterize
 
@@ -26,4 +28,5 @@ __all__ = [
     "CameraBatch", "CameraBatcher", "DistContext", "all_reduce_max", "all_reduce_sum",
     "barrier", "broadcast", "chunk_bounds", "destroy", "distributed_rasterize", "init_distributed",
     "gather_counts", "local_chunk", "move_rows", "rank", "setup_logging", "world_size",
+    "PeerFailure", "describe_failure", "is_peer_failure", "raise_together", "record_for_launcher",
 ]

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from ..distributed import destroy, init_distributed, setup_logging
+from ..distributed import (
+    describe_failure,
+    destroy,
+    init_distributed,
+    is_peer_failure,
+    raise_together,
+    record_for_launcher,
+    setup_logging,
+)
 from .config import Config, default_config, mcmc_config
 
 log = logging.getLogger("distsplat.train")
@@ -34,7 +43,9 @@ Extension = Callable[[Config, Any, Any], Optional[Callable[[], None]]]
 
 def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
     """Trains with cfg on this process's rank. Bad input (config, data, checkpoint) raises
-    ValueError with the same message on every rank, before any collective can hang."""
+    ValueError with the same message on every rank, before any collective can hang: setup
+    runs no collective, and its outcome is agreed by every rank at its end. An exception
+    later (in training) carries `report`, a line naming the rank that failed and where."""
     from .trainer import Trainer
 
     cfg.adjust_steps(cfg.steps_scaler)
@@ -44,10 +55,18 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
     trainer = Trainer(cfg, ctx)
     closers = []
     try:
-        for extension in extensions:
+        for extension in extensions:  # each agrees on its own start-up errors
             closers.append(extension(cfg, ctx, trainer))
-        trainer.setup()
+        error = None
+        try:
+            trainer.setup()
+        except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
+            error = e
+        raise_together(ctx, error, "setup")
         return trainer.train()
+    except Exception as e:
+        e.report = describe_failure(ctx, e, trainer.where)  # type: ignore[attr-defined]
+        raise
     finally:
         for close in reversed(closers):
             if close is not None:
@@ -57,17 +76,30 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
 
 
 def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] = ()) -> None:
+    """Parses, runs, and turns a failure into one line naming the rank and what to do: exit
+    2 for bad input (no traceback), 1 otherwise (a traceback only on the rank whose own
+    code failed; a rank stopped by a peer's failure names that peer instead)."""
     cfg = parse(args)
     try:
         metrics = run(cfg, extensions)
     except ValueError as e:  # bad input: one line naming the flag/file, not a traceback
-        rank = _rank()
-        print(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", file=sys.stderr)
-        sys.exit(2)
+        rank = 0 if getattr(e, "agreed", False) else _rank()  # agreed: the same on all ranks
+        _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2)
+    except Exception as e:  # noqa: BLE001 - any failure ends in one line naming the rank
+        if not is_peer_failure(e):
+            traceback.print_exc()
+        report = getattr(e, "report", None) or f"rank {_rank()} failed: {type(e).__name__}: {e}"
+        _fail(f"distsplat: {report}", 1)
     if _rank() == 0 and "val_psnr" in metrics:
         print(f"final: PSNR {metrics['val_psnr']:.3f} SSIM {metrics['val_ssim']:.4f} "
               f"Gaussians {metrics['val_num_GS']} in {metrics['val_elapsed']:.1f} s "
               f"-> {cfg.result_dir}")
+
+
+def _fail(line: str, code: int) -> None:
+    print(line, file=sys.stderr, flush=True)
+    record_for_launcher(line)  # torchrun's summary shows the line, not "To enable traceback"
+    sys.exit(code)
 
 
 def _rank() -> int:

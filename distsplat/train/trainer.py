@@ -63,9 +63,14 @@ class Trainer:
         # that need collectives must call them on every rank in the same order; with no hook
         # the loop does no extra work.
         self.step_hooks: List[Callable[["Trainer", int], None]] = []
+        self.where = "during setup"  # for failure reports: what this rank was doing
+
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
+        """Builds everything this rank needs. It runs no collective, so that a failure on
+        some ranks can be agreed by all of them afterwards (cli.run: raise_together), and
+        writes nothing, so that a failure leaves the result dir as it was."""
         cfg, ctx = self.cfg, self.ctx
         self.scene = scene = load_scene(cfg)
         check_single_size(scene)
@@ -93,11 +98,7 @@ class Trainer:
             self.cache, self._own_cameras, start_step=self.start_step, end_step=cfg.max_steps,
             num_workers=cfg.num_workers, prefetch=cfg.prefetch, device=self.device,
         )
-        self.tb = TensorBoard(self.result_dir, ctx)
         if ctx.is_main:
-            self.result_dir.mkdir(parents=True, exist_ok=True)
-            # JSON is valid YAML: the resolved config without a YAML dependency.
-            write_json(self.result_dir / "cfg.yml", cfg.to_dict())
             log.info("scene: %d train / %d test cameras at %dx%d, scale %.3f; %d Gaussians on %d ranks",
                      len(self.train_idx), len(self.test_idx), self.width, self.height,
                      self.scene_scale, self.n_all, W)
@@ -155,6 +156,12 @@ class Trainer:
     # ------------------------------------------------------------------ train
     def train(self) -> Dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
+        # The first write into the result dir: only once setup succeeded on every rank.
+        self.tb = TensorBoard(self.result_dir, ctx)
+        if ctx.is_main:
+            self.result_dir.mkdir(parents=True, exist_ok=True)
+            # JSON is valid YAML: the resolved config without a YAML dependency.
+            write_json(self.result_dir / "cfg.yml", cfg.to_dict())
         eval_steps = {s for s in cfg.eval_steps if s > 0}
         save_steps = {s for s in cfg.save_steps if s > 0}
         # The final state is always evaluated and saved, whatever --max_steps cuts off.
@@ -170,6 +177,7 @@ class Trainer:
         t_start = time.perf_counter()
         loss_sum, loss_n = torch.zeros((), device=self.device), 0
         for step in range(self.start_step, cfg.max_steps):
+            self.where = f"at step {step}"
             loss = self.train_step(step)
             loss_sum, loss_n = loss_sum + loss.detach(), loss_n + 1
             done = step + 1
@@ -189,8 +197,10 @@ class Trainer:
             for hook in self.step_hooks:
                 hook(self, done)
             if done in save_steps:
+                self.where = f"saving the checkpoint of step {done}"
                 self.save(done)
             if done in eval_steps:
+                self.where = f"evaluating step {done}"
                 self.eval(done, time.perf_counter() - t_start)
         if progress is not None:
             progress.close()

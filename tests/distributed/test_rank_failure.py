@@ -1,0 +1,113 @@
+"""A failing rank never leaves the others hanging, and the job names it.
+
+Setup-time errors on some ranks are agreed (every rank raises the same error, one
+all-reduce). Later, a rank that raises, is SIGKILLed or hangs mid-step brings the whole
+job down within 60 s, and the surviving ranks' last line names the failing rank: the
+real CLI under torchrun with a fault injected by tests/distributed/fault_trainer.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FAULT_TRAINER = Path(__file__).resolve().parent / "fault_trainer.py"
+TINY = ["--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400", "--synthetic.width", "32",
+        "--synthetic.height", "24", "--sh_degree", "1", "--num_workers", "1", "--prefetch", "1",
+        "--disable_viewer"]
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_setup_errors_are_agreed_by_every_rank(run_workers, W):
+    last = W - 1
+    # Bad input on one rank: the same ValueError everywhere, naming that rank.
+    out = run_workers("failure_workers:agree", W, {last: ("value", "image x.jpg is corrupt")})
+    assert {o["raised"] for o in out} == {"ValueError"}
+    assert {o["message"] for o in out} == {f"rank {last}: image x.jpg is corrupt"}
+    assert all(o["agreed"] for o in out)
+    # Bad input on every rank (a bad flag): the message unprefixed, the lowest rank's.
+    out = run_workers("failure_workers:agree", W, {r: ("value", f"bad flag {r}") for r in range(W)})
+    assert {o["message"] for o in out} == {"bad flag 0"}
+    # A bug on one rank: it keeps its own exception (and traceback); the others name it.
+    out = run_workers("failure_workers:agree", W, {1: ("runtime", "boom")})
+    assert out[1] == {"raised": "RuntimeError", "message": "boom", "same_object": True}
+    for r in set(range(W)) - {1}:
+        assert out[r] == {"raised": "PeerFailure", "message": "rank 1 failed during setup: RuntimeError: boom"}
+    # Nobody failed: nothing raised.
+    assert run_workers("failure_workers:agree", W, {}) == [{"raised": None}] * W
+
+
+def run_fault(tmp_path, fault: str, nproc: int, timeout_s: float = 30, steps: int = 400):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(FAULT_TRAINER), "default", "--max_steps", str(steps), "--eval_steps", str(steps),
+           "--result_dir", str(tmp_path / "run"), *TINY]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DISTSPLAT_FAULT=fault, DISTSPLAT_TIMEOUT_S=str(timeout_s))
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    return p, time.monotonic() - t0
+
+
+def our_lines(stderr: str):
+    return [line for line in stderr.splitlines() if line.startswith("distsplat:")]
+
+
+def root_cause_rank(stderr: str) -> int:
+    """The rank torchrun's failure summary calls the root cause."""
+    block = stderr.split("Root Cause (first observed failure):", 1)[1]
+    return int(re.search(r"rank\s*:\s*(\d+)", block).group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, victim", [(2, 1), (3, 0)], ids=["W2-rank1", "W3-rank0"])
+def test_an_exception_mid_step_ends_the_job_naming_the_rank(tmp_path, nproc, victim):
+    p, seconds = run_fault(tmp_path, f"raise:{victim}:5", nproc)
+    assert p.returncode != 0 and seconds < 60, (seconds, p.stderr[-3000:])
+    lines = our_lines(p.stderr)
+    cause = f"rank {victim} failed at step 5: RuntimeError: injected fault at step 5"
+    assert f"distsplat: {cause}" in lines, p.stderr[-3000:]
+    assert "Traceback" in p.stderr.split(f"distsplat: {cause}")[0]  # the failing rank's traceback
+    # Every surviving rank that printed says which rank it stopped for (torchrun may stop
+    # a survivor with SIGTERM before its collective breaks: then it prints nothing).
+    for line in lines:
+        if line != f"distsplat: {cause}":
+            assert "because a peer failed" in line and line.endswith(cause), line
+    assert cause in p.stderr.split("Root Cause (first observed failure):", 1)[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc, victim", [(2, 1), (3, 2)], ids=["W2-rank1", "W3-rank2"])
+def test_a_sigkill_mid_step_ends_the_job_naming_the_rank(tmp_path, nproc, victim):
+    p, seconds = run_fault(tmp_path, f"kill:{victim}:5", nproc)
+    assert p.returncode != 0 and seconds < 60, (seconds, p.stderr[-3000:])
+    # No error of its own to tell: torchrun's summary names it (SIGKILL), and so does any
+    # survivor whose collective broke before torchrun stopped it.
+    assert root_cause_rank(p.stderr) == victim, p.stderr[-3000:]
+    assert "Signal 9 (SIGKILL)" in p.stderr
+    for line in our_lines(p.stderr):
+        assert f"rank {victim} reported no error: killed" in line, line
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_job_at_the_collective_timeout_naming_it(tmp_path):
+    # Rank 1 stays alive but stops (a deadlock, a stuck file system): the others' collective
+    # times out after DISTSPLAT_TIMEOUT_S, they name rank 1, and torchrun stops it.
+    p, seconds = run_fault(tmp_path, "hang:1:5", 2, timeout_s=15)
+    assert p.returncode != 0 and 15 < seconds < 60, (seconds, p.stderr[-3000:])
+    (line,) = our_lines(p.stderr)
+    assert line.startswith("distsplat: rank 0 stopped at step 5 because a peer failed (Timed out"), line
+    assert line.endswith("rank 1 reported no error: killed (e.g. out of memory, SIGKILL) or stuck; see its log")
+
+
+@pytest.mark.slow
+def test_bad_input_seen_by_one_rank_at_setup_is_reported_by_every_rank(tmp_path):
+    p, seconds = run_fault(tmp_path, "setup:1:0", 2)
+    assert p.returncode != 0 and seconds < 60
+    assert our_lines(p.stderr) == ["distsplat: error: rank 1: injected bad input seen only by rank 1"] * 2
+    assert not re.search(r'File ".*/(distsplat|tests)/', p.stderr), p.stderr  # no traceback of ours
+    assert not (tmp_path / "run").exists()  # nothing written
