@@ -10,7 +10,7 @@ reads) comes in from the distributed batcher as a plain sequence of camera indic
 """
 
 from .blender import load_blender, write_blender
-from .cache import CACHE_MODES, ImageCache, choose_mode, ram_budget
+from .cache import CACHE_MODES, ImageCache, choose_mode, fit_mode, mem_available, mem_total, ram_budget
 from .colmap import load_colmap
 from .decode import ImageSpec, check_images, decode_into
 from .errors import DataError, OwnershipError
@@ -23,5 +23,6 @@ from .synthetic import make_synthetic_scene
 __all__ = [
     "ArraySource", "Batch", "CACHE_MODES", "DataError", "FolderSource", "ImageCache", "ImageLoader", "ImageSource",
     "ImageSpec", "OwnershipError", "Scene", "TarShardSource", "check_images", "choose_mode", "decode_into",
+    "fit_mode", "mem_available", "mem_total",
     "load_blender", "load_colmap", "make_synthetic_scene", "pack_shards", "ram_budget", "write_blender",
 ]

@@ -12,7 +12,15 @@ Modes:
   its encoded share fits, else `none` (logged with the numbers). `auto` never picks `gpu`:
   device memory belongs to the Gaussians unless the user says otherwise.
 
-The budget defaults to `fraction` x MemAvailable (from /proc/meminfo) / LOCAL_WORLD_SIZE.
+An explicit `gpu`, `decoded` or `compressed` is checked against its memory before anything
+is allocated: a share that does not fit falls back to the largest mode that does (gpu ->
+decoded -> compressed -> none), with a warning naming the numbers, instead of an
+out-of-memory error mid-training.
+
+The RAM budget defaults to `fraction` x the available memory / LOCAL_WORLD_SIZE, where the
+available memory is MemAvailable (from /proc/meminfo) capped by the headroom of the
+process's cgroup (containers report the host's MemAvailable); `auto` keeps to half of it,
+an explicit mode may use 90%. The device budget of `gpu` is 90% of the free CUDA memory.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ import logging
 import mmap
 import os
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -33,18 +42,101 @@ log = logging.getLogger(__name__)
 
 CACHE_MODES = ("none", "compressed", "decoded", "gpu", "auto")
 MiB = 1024 * 1024
+AUTO_FRACTION = 0.5  # auto leaves the other half to the Gaussians, decoders and the OS
+EXPLICIT_FRACTION = 0.9  # an explicit mode is refused only when it would not fit at all
+# What a mode holds ("decoded": uint8 pixels, "compressed": encoded bytes) and, when that
+# does not fit, what to try next: the largest mode that fits wins.
+_LADDER = {"gpu": ("gpu", "decoded", "compressed", "none"), "decoded": ("decoded", "compressed", "none"),
+           "compressed": ("compressed", "none"), "none": ("none",)}
+_HOLDS = {"gpu": "decoded", "decoded": "decoded", "compressed": "compressed", "none": None}
+_NO_LIMIT = 1 << 60  # cgroup v1 reports "no limit" as a huge page-aligned number
 
 
-def mem_available() -> int:
-    """Bytes of memory available to new allocations (Linux MemAvailable), else free pages."""
+def _meminfo(key: str) -> Optional[int]:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _read_int(path: Path) -> Optional[int]:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        return int(text.split()[0])
+    except ValueError:
+        return None
+
+
+def _stat_value(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def cgroup_memory(root: Union[str, Path] = "/sys/fs/cgroup",
+                  proc_cgroup: Union[str, Path] = "/proc/self/cgroup") -> Optional[Tuple[int, int]]:
+    """(limit, usage) in bytes of the tightest memory limit over this process's cgroup and
+    its ancestors (v2 memory.max / memory.current, or v1 memory.limit_in_bytes /
+    memory.usage_in_bytes), usage net of reclaimable inactive file pages; None: no limit."""
+    root = Path(root)
+    paths = {"v2": "/", "v1": "/"}
+    try:
+        for line in Path(proc_cgroup).read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                paths["v2"] = path or "/"
+            elif "memory" in controllers.split(","):
+                paths["v1"] = path or "/"
+    except (OSError, ValueError):
+        pass
+    layouts = (("v2", root, "memory.max", "memory.current", "inactive_file"),
+               ("v1", root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+    best: Optional[Tuple[int, int]] = None
+    for version, base, limit_file, usage_file, inactive in layouts:
+        parts = [p for p in paths[version].split("/") if p]
+        for depth in range(len(parts), -1, -1):  # this cgroup, then its ancestors
+            d = base.joinpath(*parts[:depth])
+            limit = _read_int(d / limit_file)
+            if limit is None or limit >= _NO_LIMIT:
+                continue
+            usage = _read_int(d / usage_file) or 0
+            usage = max(0, usage - _stat_value(d / "memory.stat", inactive))
+            if best is None or limit - usage < best[0] - best[1]:
+                best = (limit, usage)
+    return best
+
+
+def mem_available() -> int:
+    """Bytes of memory available to new allocations: Linux MemAvailable (else free pages),
+    capped by the headroom left under the cgroup's memory limit."""
+    avail = _meminfo("MemAvailable")
+    if avail is None:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    cg = cgroup_memory()
+    return avail if cg is None else max(0, min(avail, cg[0] - cg[1]))
+
+
+def mem_total() -> int:
+    """Bytes of RAM this process may use at most: MemTotal capped by the cgroup limit."""
+    total = _meminfo("MemTotal")
+    if total is None:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    cg = cgroup_memory()
+    return total if cg is None else min(total, cg[0])
 
 
 def local_world_size() -> int:
@@ -52,9 +144,51 @@ def local_world_size() -> int:
     return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def ram_budget(fraction: float = 0.5, local_ranks: Optional[int] = None) -> int:
+def ram_budget(fraction: float = AUTO_FRACTION, local_ranks: Optional[int] = None) -> int:
     """This rank's share of `fraction` of the available memory."""
     return int(fraction * mem_available() / (local_ranks or local_world_size()))
+
+
+def device_budget(device=None, fraction: float = EXPLICIT_FRACTION) -> int:
+    """`fraction` of the free memory of `device` (CUDA: torch.cuda.mem_get_info); a CPU
+    device's memory is this rank's RAM budget."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        return int(fraction * free)
+    return ram_budget(fraction)
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
+
+
+def fit_mode(requested: str, compressed_bytes: int, decoded_bytes: int, budget: int,
+             host_budget: Optional[int] = None) -> Tuple[str, str]:
+    """(mode, why) for an explicit mode: `requested` if its share fits `budget` (the device
+    budget for gpu), else the largest mode down the ladder gpu -> decoded -> compressed ->
+    none whose share fits (host modes against `host_budget`, default `budget`). `why` is
+    empty when the requested mode fits, else the numbers and what to do."""
+    host_budget = budget if host_budget is None else host_budget
+    need = {"decoded": decoded_bytes, "compressed": compressed_bytes, None: 0}
+    for mode in _LADDER[requested]:
+        room = budget if mode == "gpu" else host_budget
+        if need[_HOLDS[mode]] <= room:
+            break
+    if mode == requested:
+        return mode, ""
+    held = _HOLDS[requested]
+    where = "device memory" if requested == "gpu" else "RAM"
+    got = f"{_size(need[_HOLDS[mode]])} in RAM" if mode != "none" else "no images held"
+    todo = {"gpu": "more ranks, a larger --data_factor, or --cache decoded",
+            "decoded": "more ranks, a larger --data_factor, or --cache compressed",
+            "compressed": "more ranks or a larger --data_factor"}[requested]
+    why = (f"its {held} share ({_size(need[held])}) does not fit its {where} budget "
+           f"({_size(budget if requested == 'gpu' else host_budget)}); using {mode} instead ({got}). "
+           f"To cache {requested}: use {todo} (--cache_budget_gb overrides the measured budget)")
+    return mode, why
 
 
 def choose_mode(compressed_bytes: int, decoded_bytes: int, budget: int) -> Tuple[str, str]:
@@ -65,7 +199,7 @@ def choose_mode(compressed_bytes: int, decoded_bytes: int, budget: int) -> Tuple
     if compressed_bytes <= budget:
         return "compressed", f"only the compressed share fits ({nums})"
     return "none", (f"even the compressed share does not fit ({nums}); every image is read and decoded on every use. "
-                    f"Use more ranks, a smaller --data_factor, or raise the budget")
+                    f"Use more ranks, a larger --data_factor, or raise the budget (--cache_budget_gb)")
 
 
 class ImageCache:
@@ -80,7 +214,10 @@ class ImageCache:
         mode: str = "auto",
         device=None,
         budget: Optional[int] = None,
+        rank: Optional[int] = None,
     ):
+        """`budget`: bytes this cache may hold, overriding the measured budgets (RAM, and
+        device memory for gpu); `rank` only labels the log lines."""
         if mode not in CACHE_MODES:
             raise ValueError(f"cache mode must be one of {CACHE_MODES}, got {mode!r}")
         if len(specs) != len(source):
@@ -96,11 +233,20 @@ class ImageCache:
         self.decoded_bytes = int(self._offsets[-1])
         self.compressed_bytes = int(sum(source.encoded_size(c) for c in self.own))
         self.mode = mode
+        who = f"[rank {rank}] image cache" if rank is not None else "image cache"  # the log filter's prefix
         if mode == "auto":
             budget = ram_budget() if budget is None else budget
             self.mode, why = choose_mode(self.compressed_bytes, self.decoded_bytes, budget)
-            (log.warning if self.mode == "none" else log.info)("image cache for %d own cameras: %s, because %s",
-                                                               len(self.own), self.mode, why)
+            (log.warning if self.mode == "none" else log.info)("%s for %d own cameras: %s, because %s",
+                                                               who, len(self.own), self.mode, why)
+        elif mode != "none":
+            # Checked before anything is allocated: an explicit mode that cannot hold the
+            # rank's share falls back (and says so) rather than failing mid-training.
+            host = ram_budget(EXPLICIT_FRACTION) if budget is None else budget
+            dev = (device_budget(device) if budget is None else budget) if mode == "gpu" else host
+            self.mode, why = fit_mode(mode, self.compressed_bytes, self.decoded_bytes, dev, host)
+            if why:
+                log.warning("%s: --cache %s for %d own cameras: %s", who, mode, len(self.own), why)
         self._filled = np.zeros(len(self.own), dtype=bool)  # [C_own]
         self._locks = [threading.Lock() for _ in self.own]
         self._blobs: Dict[int, bytes] = {}

@@ -93,7 +93,18 @@ class Config:
     backend: Literal["auto", "torch", "gsplat"] = "auto"
     """Render backend: gsplat's CUDA kernels on GPU, the PyTorch reference on CPU."""
     cache: Literal["auto", "none", "compressed", "decoded", "gpu"] = "auto"
-    """Per-rank image cache (each rank only ever holds its own cameras' images)."""
+    """Per-rank image cache (each rank only ever holds its own cameras' images). An explicit
+    mode whose share does not fit its memory falls back to the largest that does, with a warning."""
+    cache_budget_gb: Optional[float] = None
+    """Memory (GiB) one rank's image cache may hold: host RAM, or device memory for --cache gpu.
+    None: measured (auto: half of the available RAM, capped by the cgroup limit, / LOCAL_WORLD_SIZE;
+    an explicit mode: 90% of it, or of the free CUDA memory for gpu)."""
+    memory_limit_gb: Optional[float] = None
+    """Memory (GiB) of one rank for densification: a rank whose usage plus the next growth would
+    pass --memory_fraction of it stops growing Gaussians (pruning and MCMC relocation continue) and
+    says so. None: the GPU's total memory, or min(MemTotal, cgroup limit) / LOCAL_WORLD_SIZE on CPU."""
+    memory_fraction: float = 0.9
+    """Fraction of --memory_limit_gb that densification may fill."""
     num_workers: int = 4
     """Decode threads per rank."""
     prefetch: int = 2
@@ -159,6 +170,11 @@ class Config:
                 raise ValueError(f"{flag} {msg}")
         if isinstance(self.strategy, MCMCStrategy) and self.strategy.cap_max < 1:
             raise ValueError(f"--strategy.cap_max must be >= 1, got {self.strategy.cap_max}")
+        for flag, value in (("--cache_budget_gb", self.cache_budget_gb), ("--memory_limit_gb", self.memory_limit_gb)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{flag} must be > 0 (GiB), got {value}")
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ValueError(f"--memory_fraction must be in (0, 1], got {self.memory_fraction}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -29,6 +29,7 @@ from ..distributed import (
     CameraBatch,
     CameraBatcher,
     DistContext,
+    all_reduce_sum,
     barrier,
     chunk_bounds,
     distributed_rasterize,
@@ -41,6 +42,7 @@ from .config import Config
 from .evaluate import evaluate, test_owners
 from .gaussians import activated, create_optimizers, init_gaussians, random_points
 from .losses import photometric_loss
+from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .scene_setup import check_single_size, load_scene, scene_scale
@@ -87,13 +89,16 @@ class Trainer:
             raise ValueError(f"--batch_size {cfg.batch_size}: {e}") from None
         t0, t1 = test_owners(len(self.test_idx), W)[r]
         own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])
-        self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device)
+        budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
+        self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
+                                budget=budget, rank=r)
 
         self._init_gaussians()
         self.start_step = 0
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         if cfg.ckpt is not None:
             self._resume(cfg.ckpt)
+        self._init_memory_guard()
         self.loader = ImageLoader(
             self.cache, self._own_cameras, start_step=self.start_step, end_step=cfg.max_steps,
             num_workers=cfg.num_workers, prefetch=cfg.prefetch, device=self.device,
@@ -131,6 +136,28 @@ class Trainer:
         else:
             self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
         self.strategy.check_sanity(self.params, self.optimizers)
+
+    def _init_memory_guard(self) -> None:
+        """Growth of this rank's Gaussians stops near its memory limit (memory.py)."""
+        cfg = self.cfg
+        if cfg.memory_limit_gb is None:
+            limit, source = default_limit(self.device)
+        else:
+            limit, source = int(cfg.memory_limit_gb * 2**30), f"--memory_limit_gb {cfg.memory_limit_gb:g}"
+        mcmc = isinstance(self.strategy, MCMCStrategy)
+        accumulators = 0 if mcmc else 2 + (self.strategy.refine_scale2d_stop_iter > 0)  # grad2d, count (, radii)
+        advice = ("lower --strategy.cap_max" if mcmc else
+                  "densify less (a higher --strategy.grow_grad2d, an earlier --strategy.refine_stop_iter)")
+        self.memory_guard = MemoryGuard(limit, cfg.memory_fraction, self.ctx.rank, accumulators=accumulators,
+                                        advice=advice, device=self.device, limit_source=source)
+        self.strategy.growth_check = self.memory_guard.allow
+        self._rebalance_held = False
+        if self.ctx.is_main:
+            b, r = bytes_per_gaussian(dict(self.params), accumulators)
+            log.info("memory guard: growth stops past %.0f%% of %s per rank (%s); %d B per Gaussian "
+                     "+ %d B per held Gaussian while growing", 100 * cfg.memory_fraction, fmt_bytes(limit),
+                     source, b, r)
+        self.memory_guard.check_setup(self.params, self.optimizers, self.strategy_state)
 
     # -------------------------------------------------------------- schedule
     def _batch(self, step: int) -> CameraBatch:
@@ -256,8 +283,29 @@ class Trainer:
         if self._is_refine_step(step):
             counts = gather_counts(len(self.params["means"]), self.device)
             self.n_all = sum(counts)
-            if max(counts) > self.cfg.rebalance_ratio * max(min(counts), 1):
+            if max(counts) > self.cfg.rebalance_ratio * max(min(counts), 1) and self._receivers_have_room(counts):
                 self._rebalance(counts)
+
+    def _receivers_have_room(self, counts: List[int]) -> bool:
+        """Whether every rank that a rebalance would give Gaussians to has the memory for
+        them (one all-reduce of W flags, only on steps that would rebalance). A rank whose
+        growth stopped for memory would be pushed over by receiving, so the rebalance waits
+        (the ranks stay uneven, but none runs out of memory); ranks that give are relieved."""
+        W, r = self.ctx.world_size, self.ctx.rank
+        start, end = chunk_bounds(sum(counts), W)[r]
+        incoming = (end - start) - counts[r]
+        full = torch.zeros(W, dtype=torch.int64, device=self.device)
+        full[r] = int(incoming > 0 and not self.memory_guard.fits(self.params, incoming))
+        full_ranks = [q for q, f in enumerate(all_reduce_sum(full).tolist()) if f]
+        if bool(full_ranks) != self._rebalance_held:
+            self._rebalance_held = bool(full_ranks)
+            if self.ctx.is_main:
+                if full_ranks:
+                    log.warning("rebalancing waits: rank(s) %s would receive Gaussians but are near their memory "
+                                "limit; per-rank counts stay %s", full_ranks, counts)
+                else:
+                    log.warning("rebalancing resumes: every receiving rank has room again (counts %s)", counts)
+        return not full_ranks
 
     def _rebalance(self, counts) -> None:
         """Moves Gaussians (with their Adam moments and strategy accumulators) so every

@@ -1,5 +1,6 @@
 """Per-rank caches: every mode returns the bytes of a plain Pillow decode; a cache holds
-only its rank's cameras (W=3 real processes); `auto` picks by the budget and says why."""
+only its rank's cameras (W=3 real processes); `auto` picks by the budget and says why; an
+explicit mode that does not fit its memory falls back and says why."""
 
 import logging
 import multiprocessing as mp
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from distsplat.data import CACHE_MODES, ImageCache, ImageLoader, OwnershipError, choose_mode, load_colmap
+from distsplat.data import CACHE_MODES, ImageCache, ImageLoader, OwnershipError, choose_mode, fit_mode, load_colmap
 from distsplat.data.cache import ram_budget
 
 from .data_helpers import CountingSource, global_batches, make_colmap_dataset, owners, pillow_decode
@@ -128,3 +129,88 @@ def test_ownership_three_processes(dataset):
         assert max_reads == 1  # decoded: read once, then from the cache
         all_names += names
     assert sorted(all_names) == sorted(scene.names)  # disjoint and covering
+
+
+# ------------------------------------------------------------------ memory checks of explicit modes
+
+def test_fit_mode_falls_down_the_ladder():
+    c, d = 10 * 2**20, 100 * 2**20
+    assert fit_mode("decoded", c, d, d) == ("decoded", "")
+    assert fit_mode("gpu", c, d, d, host_budget=0) == ("gpu", "")
+    assert fit_mode("gpu", c, d, d - 1, host_budget=d)[0] == "decoded"  # no device room, RAM has it
+    assert fit_mode("gpu", c, d, d - 1, host_budget=c)[0] == "compressed"
+    assert fit_mode("decoded", c, d, d - 1)[0] == "compressed"
+    assert fit_mode("compressed", c, d, c - 1)[0] == "none"
+    assert fit_mode("none", c, d, 0) == ("none", "")
+    mode, why = fit_mode("gpu", c, d, 50 * 2**20, host_budget=5 * 2**20)
+    assert mode == "none"
+    assert "decoded share (100.0 MiB) does not fit its device memory budget (50.0 MiB)" in why
+    assert "using none instead" in why and "--cache decoded" in why and "--data_factor" in why
+
+
+def test_explicit_decoded_with_a_tiny_budget_falls_back_and_says_why(dataset, caplog):
+    scene = load_colmap(dataset)
+    own = list(range(8))
+    decoded = 8 * 96 * 64 * 3
+    with caplog.at_level(logging.INFO, logger="distsplat.data.cache"):
+        cache = ImageCache(scene.images, scene.specs(), own, mode="decoded", budget=decoded - 1, rank=1)
+        assert cache.mode == "compressed"
+        assert ImageCache(scene.images, scene.specs(), own, mode="decoded", budget=decoded).mode == "decoded"
+        assert ImageCache(scene.images, scene.specs(), own, mode="compressed", budget=10, rank=1).mode == "none"
+        # gpu on a CPU device: its "device memory" is RAM; the budget overrides both.
+        assert ImageCache(scene.images, scene.specs(), own, mode="gpu", budget=decoded - 1).mode == "compressed"
+    records = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(records) == 3
+    assert records[0].startswith("[rank 1] image cache: --cache decoded for 8 own cameras: its decoded share "
+                                 "(144.0 KiB) does not fit its RAM budget (144.0 KiB); using compressed instead")
+    assert "more ranks, a larger --data_factor, or --cache compressed" in records[0]
+    assert "using none instead (no images held)" in records[1]
+    # The fallback serves the same pixels.
+    out = np.empty(scene.spec(3).shape, np.uint8)
+    cache.read_into(3, out)
+    np.testing.assert_array_equal(out, pillow_decode(dataset / "images" / scene.names[3]))
+    assert cache.nbytes() == scene.images.encoded_size(3)
+
+
+def test_gpu_mode_checks_free_cuda_memory_before_allocating(dataset, monkeypatch, caplog):
+    """The CUDA branch of the gpu-mode check, on any machine: mem_get_info says 256 KiB are
+    free, so the cache falls back to host RAM before any device tensor exists."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: calls.append(dev) or (2**18, 80 * 2**30))
+    scene = load_colmap(dataset)
+    own = list(range(24))  # 24 x 96 x 64 x 3 = 0.42 MiB decoded: 90% of 0.25 MiB free does not hold it
+    with caplog.at_level(logging.WARNING, logger="distsplat.data.cache"):
+        cache = ImageCache(scene.images, scene.specs(), own, mode="gpu", device="cuda:0", rank=0)
+    assert cache.mode == "decoded" and cache.device is None and calls == [torch.device("cuda:0")]
+    assert "its decoded share (432.0 KiB) does not fit its device memory budget (230.4 KiB); using decoded instead" in caplog.text
+
+
+def test_cgroup_limits_cap_the_available_memory(tmp_path, monkeypatch):
+    from distsplat.data import cache as cache_mod
+
+    v2 = tmp_path / "v2"
+    (v2 / "job" / "rank").mkdir(parents=True)
+    (v2 / "job" / "memory.max").write_text(f"{2 * 2**30}\n")
+    (v2 / "job" / "memory.current").write_text(f"{2**30}\n")
+    (v2 / "job" / "memory.stat").write_text(f"anon 1\ninactive_file {2**28}\n")
+    (v2 / "job" / "rank" / "memory.max").write_text("max\n")  # unlimited itself: the parent's limit holds
+    (v2 / "memory.max").write_text("max\n")
+    (tmp_path / "cg2").write_text("0::/job/rank\n")
+    assert cache_mod.cgroup_memory(v2, tmp_path / "cg2") == (2 * 2**30, 2**30 - 2**28)
+
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "docker" / "abc").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # no limit
+    (v1 / "memory" / "docker" / "abc" / "memory.limit_in_bytes").write_text(f"{2**30}\n")
+    (v1 / "memory" / "docker" / "abc" / "memory.usage_in_bytes").write_text(f"{2**29}\n")
+    (tmp_path / "cg1").write_text("4:memory:/docker/abc\n1:cpu:/\n0::/\n")
+    assert cache_mod.cgroup_memory(v1, tmp_path / "cg1") == (2**30, 2**29)
+    (tmp_path / "none").write_text("4:memory:/\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cache_mod.cgroup_memory(v1, tmp_path / "none") is None
+
+    # The container sees the host's MemAvailable; the cgroup's headroom is what counts.
+    monkeypatch.setattr(cache_mod, "cgroup_memory", lambda: (2**30, 2**29 + 2**28))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert cache_mod.mem_available() == 2**28 and cache_mod.mem_total() == 2**30
+    assert ram_budget(0.5) == 2**26
