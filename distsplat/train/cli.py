@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..distributed import destroy, init_distributed, setup_logging
 from .config import Config, default_config, mcmc_config
+from .outputs import check_result_dir
 
 log = logging.getLogger("distsplat.train")
 
@@ -39,6 +40,7 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
 
     cfg.adjust_steps(cfg.steps_scaler)
     cfg.validate()
+    check_result_dir(cfg.result_dir)
     ctx = init_distributed()
     setup_logging(ctx)
     trainer = Trainer(cfg, ctx)
@@ -62,7 +64,9 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
         metrics = run(cfg, extensions)
     except ValueError as e:  # bad input: one line naming the flag/file, not a traceback
         rank = _rank()
-        print(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", file=sys.stderr)
+        # One write: print's separate newline lets the ranks' lines run into each other.
+        sys.stderr.write(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}\n")
+        sys.stderr.flush()
         sys.exit(2)
     if _rank() == 0 and "val_psnr" in metrics:
         print(f"final: PSNR {metrics['val_psnr']:.3f} SSIM {metrics['val_ssim']:.4f} "

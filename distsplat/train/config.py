@@ -159,6 +159,12 @@ class Config:
                 raise ValueError(f"{flag} {msg}")
         if isinstance(self.strategy, MCMCStrategy) and self.strategy.cap_max < 1:
             raise ValueError(f"--strategy.cap_max must be >= 1, got {self.strategy.cap_max}")
+        if self.backend == "gsplat":
+            import torch
+
+            if not torch.cuda.is_available():  # else the first step fails, deep in the renderer
+                raise ValueError("--backend gsplat runs gsplat's CUDA kernels, and this machine has no CUDA GPU "
+                                 "that torch can use; pass --backend torch (or auto, the default) to train on CPU")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
