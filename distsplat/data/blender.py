@@ -34,9 +34,10 @@ def _frames(path: Path) -> Tuple[dict, List[str], np.ndarray]:
     try:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}; fix or re-export the file") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
-        raise DataError(f"{path}: expected an object with a non-empty 'frames' list")
+        raise DataError(f"{path}: expected an object with a non-empty 'frames' list "
+                        "({\"camera_angle_x\": ..., \"frames\": [{\"file_path\": ..., \"transform_matrix\": ...}, ...]})")
     if not any(k in meta for k in ("camera_angle_x", "fl_x")):
         raise DataError(f"{path}: needs 'camera_angle_x' (or 'fl_x') for the focal length")
     names, c2w = [], []
@@ -46,11 +47,15 @@ def _frames(path: Path) -> Tuple[dict, List[str], np.ndarray]:
             M = np.array(frame["transform_matrix"], dtype=np.float64)
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"{path}: frame {j} needs 'file_path' and a numeric 'transform_matrix' ({type(e).__name__}: {e})") from None
-        if M.shape != (4, 4) or not np.all(np.isfinite(M)):
-            raise DataError(f"{path}: frame {j} ({name}) transform_matrix must be a finite 4x4 matrix, got shape {M.shape}")
         name = name[2:] if name.startswith("./") else name
         if not Path(name).suffix:
             name += ".png"
+        if M.shape != (4, 4):
+            raise DataError(f"{path}: frame {j} ({name}) transform_matrix must be a 4x4 matrix, got shape {M.shape}")
+        if not np.all(np.isfinite(M)):
+            r, c = np.argwhere(~np.isfinite(M))[0]
+            raise DataError(f"{path}: frame {j} ({name}) transform_matrix[{r}][{c}] is {M[r, c]}, not a finite number; "
+                            "fix or remove the frame")
         names.append(name)
         c2w.append(M @ GL_TO_CV)
     return meta, names, np.stack(c2w)

@@ -83,6 +83,7 @@ def load_colmap(
 
     images = sorted(model.images.values(), key=lambda im: im.name)
     names = [im.name for im in images]
+    _check_finite(model_dir, images, model.points)
     w2c = np.tile(np.eye(4), (len(images), 1, 1))  # [C, 4, 4]
     for i, im in enumerate(images):
         w2c[i, :3, :3] = colmap_io.qvec_to_rotmat(im.qvec)
@@ -99,7 +100,7 @@ def load_colmap(
                     "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, factor)
         image_dir = full_dir
     if not image_dir.is_dir():
-        raise DataError(f"image folder {image_dir} does not exist")
+        raise DataError(_no_image_folder(data_dir, factor))
     source = FolderSource([image_dir / _match_name(image_dir, n) for n in names], names)
     source.check_exist()
 
@@ -134,6 +135,39 @@ def load_colmap(
         points=points, points_rgb=model.points.rgb.copy(), train=train, test=test, images=source,
         source_sizes=np.array(stored, dtype=np.int64) if on_the_fly else None, transform=transform, kind="colmap",
     )
+
+
+def _no_image_folder(data_dir: Path, factor: int) -> str:
+    full, scaled = data_dir / "images", data_dir / f"images_{factor}"
+    others = sorted(p.name for p in data_dir.glob("images_*") if p.is_dir())
+    if factor > 1:
+        msg = f"image folder {scaled} does not exist, nor {full.name}/ to downscale by {factor} on load"
+    else:
+        msg = f"image folder {full} does not exist"
+    if others:
+        return f"{msg}; there is {', '.join(others)}/: pass the matching --data_factor"
+    return f"{msg}; put the capture's images in {full.name}/" + (f" (or pre-downscaled ones in {scaled.name}/)" if factor > 1 else "")
+
+
+def _check_finite(model_dir: Path, images: Sequence[colmap_io.Image], points: colmap_io.Points) -> None:
+    """NaN or Inf in a pose or a point would surface much later as a NaN loss or a failed
+    normalization; refuse them here, naming the file and the image or point."""
+    def model_file(stem: str) -> Path:
+        return next((model_dir / f"{stem}{ext}" for ext in (".bin", ".txt") if (model_dir / f"{stem}{ext}").exists()),
+                    model_dir / f"{stem}.bin")
+
+    for im in images:
+        if not (np.isfinite(im.qvec).all() and np.isfinite(im.tvec).all()):
+            raise DataError(f"{model_file('images')}: image {im.name!r} has a non-finite pose (qvec {im.qvec.tolist()}, "
+                            f"tvec {im.tvec.tolist()}); the reconstruction is damaged: re-export or re-run it")
+        if not np.linalg.norm(im.qvec) > 0:
+            raise DataError(f"{model_file('images')}: image {im.name!r} has a zero rotation quaternion; "
+                            "the reconstruction is damaged: re-export or re-run it")
+    bad = ~np.isfinite(points.xyz).all(axis=1)  # [P]
+    if bad.any():
+        raise DataError(f"{model_file('points3D')}: {int(bad.sum())} of {len(bad)} points have non-finite coordinates "
+                        f"(first: point {int(points.ids[bad][0])} at {points.xyz[bad][0].tolist()}); the reconstruction "
+                        "is damaged: re-export or re-run it")
 
 
 def _match_name(image_dir: Path, name: str) -> str:

@@ -36,6 +36,7 @@ CAMERA_MODELS: Dict[int, Tuple[str, int]] = {
     11: ("RAD_TAN_THIN_PRISM_FISHEYE", 16),
 }
 MODEL_IDS = {name: mid for mid, (name, _) in CAMERA_MODELS.items()}
+REEXPORT = "re-export the model from its COLMAP database (colmap model_converter)"
 
 
 @dataclass
@@ -96,20 +97,20 @@ class _Reader:
     def unpack(self, fmt: str):
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
-            raise DataError(f"{self.path}: truncated (wanted {size} bytes at offset {self.pos}, file has {len(self.buf)})")
+            raise DataError(f"{self.path}: truncated (wanted {size} bytes at offset {self.pos}, file has {len(self.buf)}); {REEXPORT}")
         out = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return out
 
     def skip(self, n: int) -> None:
         if self.pos + n > len(self.buf):
-            raise DataError(f"{self.path}: truncated (wanted {n} bytes at offset {self.pos}, file has {len(self.buf)})")
+            raise DataError(f"{self.path}: truncated (wanted {n} bytes at offset {self.pos}, file has {len(self.buf)}); {REEXPORT}")
         self.pos += n
 
     def cstring(self) -> str:
         end = self.buf.find(b"\0", self.pos)
         if end < 0:
-            raise DataError(f"{self.path}: truncated image name at offset {self.pos}")
+            raise DataError(f"{self.path}: truncated image name at offset {self.pos}; {REEXPORT}")
         s = self.buf[self.pos:end].decode("utf-8")
         self.pos = end + 1
         return s
@@ -121,7 +122,8 @@ def read_cameras_bin(path: Path) -> Dict[int, Camera]:
     for _ in range(r.unpack("<Q")[0]):
         cid, mid, w, h = r.unpack("<iiQQ")
         if mid not in CAMERA_MODELS:
-            raise DataError(f"{path}: camera {cid} has unknown camera model id {mid}")
+            raise DataError(f"{path}: camera {cid} has unknown camera model id {mid} (COLMAP's are 0-{max(CAMERA_MODELS)}): "
+                            f"the file is damaged or not a COLMAP cameras.bin; {REEXPORT}")
         name, n = CAMERA_MODELS[mid]
         cameras[cid] = Camera(cid, name, w, h, np.array(r.unpack(f"<{n}d")))
     return cameras
@@ -138,9 +140,15 @@ def read_images_bin(path: Path) -> Dict[int, Image]:
     return images
 
 
+POINT_BIN_BYTES = struct.calcsize("<Q3d3BdQ")  # one point without its track
+
+
 def read_points_bin(path: Path) -> Points:
     r = _Reader(path)
     n = r.unpack("<Q")[0]
+    if n * POINT_BIN_BYTES > len(r.buf) - r.pos:  # before allocating n rows: garbage can claim 2^64
+        raise DataError(f"{path}: not a COLMAP points3D.bin: it claims {n} points, more than its {len(r.buf)} bytes "
+                        f"can hold; {REEXPORT}")
     ids = np.empty(n, np.int64)
     xyz = np.empty((n, 3), np.float64)
     rgb = np.empty((n, 3), np.uint8)
@@ -192,7 +200,8 @@ def read_cameras_txt(path: Path) -> Dict[int, Camera]:
         except (IndexError, ValueError) as e:
             raise DataError(f"{path}:{lineno}: malformed camera line ({e})") from None
         if model not in MODEL_IDS:
-            raise DataError(f"{path}:{lineno}: camera {cid} has unknown camera model {model!r}")
+            raise DataError(f"{path}:{lineno}: camera {cid} has unknown camera model {model!r}; COLMAP's models are "
+                            f"{', '.join(MODEL_IDS)} (distsplat trains on the undistorted pinhole ones)")
         cameras[cid] = Camera(cid, model, w, h, params)
     return cameras
 

@@ -3,7 +3,7 @@ pixels are produced, used by every cache mode and every decode worker, so all mo
 the same bytes as a plain Pillow decode.
 
 Also the up-front image checks (`check_images`): missing files, headers that do not parse,
-truncated JPEGs and sizes that match no downscale of their camera are found here while
+truncated JPEGs and PNGs and sizes that match no downscale of their camera are found here while
 the scene is loaded, before the trainer's first collective.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .errors import DataError
 
@@ -63,7 +63,7 @@ def decode_image(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, wh
     except DataError:
         raise
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for bad data
-        raise DataError(f"{where}: cannot decode image ({type(e).__name__}: {e})") from None
+        raise DataError(f"{where}: cannot decode image ({type(e).__name__}: {e}); re-copy or re-export the file") from None
     has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
     if spec.background is not None and has_alpha:  # without a background, alpha is dropped (gsplat: [..., :3])
         bg = Image.new("RGBA", im.size, (*spec.background, 255))
@@ -91,19 +91,33 @@ def header_size(head: bytes, where: str) -> Tuple[int, int]:
     try:
         with Image.open(io.BytesIO(head)) as im:
             return im.size
+    except UnidentifiedImageError:  # its message names the BytesIO, not the file
+        why = f"starts with {head[:8]!r}, the header of no image format Pillow reads"
     except Exception as e:
-        raise DataError(f"{where}: not a readable image ({type(e).__name__}: {e})") from None
+        why = f"{type(e).__name__}: {e}"
+    raise DataError(f"{where}: not a readable image ({why}); re-copy or re-export the file")
 
 
 def is_jpeg(head: bytes) -> bool:
     return head[:3] == b"\xff\xd8\xff"
 
 
+def is_png(head: bytes) -> bool:
+    return head[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC: the last 8 bytes of every PNG
+
+
 def check_truncated(head: bytes, tail: bytes, where: str) -> None:
-    """A JPEG must end with the EOI marker FFD9 (optionally followed by padding zeros that
-    some cameras append); a cut-off download or copy does not."""
-    if is_jpeg(head) and not tail.rstrip(b"\0").endswith(b"\xff\xd9"):
+    """A JPEG must end with the EOI marker FFD9, a PNG with its IEND chunk (either
+    optionally followed by padding zeros that some writers append); a cut-off download or
+    copy does not."""
+    end = tail.rstrip(b"\0")
+    if is_jpeg(head) and not end.endswith(b"\xff\xd9"):
         raise DataError(f"{where}: truncated JPEG (no end-of-image marker); re-copy or re-export the file")
+    if is_png(head) and not end.endswith(PNG_END):
+        raise DataError(f"{where}: truncated PNG (no IEND chunk at the end); re-copy or re-export the file")
 
 
 def scale_matches(w: int, h: int, cam_w: int, cam_h: int) -> bool:
@@ -132,8 +146,8 @@ def probe_images(source, indices: Sequence[int]) -> list:
     for i in indices:
         where = source.where(i)
         head, tail = source.peek(i, HEADER_BYTES)
+        check_truncated(head, tail, where)  # first: a cut can also break the header
         w, h = header_size(head, where)
-        check_truncated(head, tail, where)
         sizes.append((w, h))
     return sizes
 

@@ -65,7 +65,9 @@ class FolderSource(ImageSource):
         """Every file present, else DataError naming the first missing (and how many)."""
         missing = [p for p in self.paths if not p.is_file()]
         if missing:
-            raise DataError(f"image file {missing[0]} is missing ({len(missing)} of {len(self.paths)} images missing)")
+            raise DataError(f"image file {missing[0]} is missing ({len(missing)} of {len(self.paths)} images missing); "
+                            "restore it, or remove its image from the scene's model (COLMAP images.bin/.txt, "
+                            "Blender transforms_*.json)")
 
     def read(self, index: int) -> bytes:
         try:

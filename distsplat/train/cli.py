@@ -19,6 +19,7 @@ from ..distributed import (
     setup_logging,
 )
 from .config import Config, default_config, mcmc_config
+from .outputs import check_result_dir
 
 log = logging.getLogger("distsplat.train")
 
@@ -48,13 +49,19 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
     later (in training) carries `report`, a line naming the rank that failed and where."""
     from .trainer import Trainer
 
-    cfg.adjust_steps(cfg.steps_scaler)
-    cfg.validate()
     ctx = init_distributed()
     setup_logging(ctx)
     trainer = Trainer(cfg, ctx)
     closers = []
     try:
+        error = None
+        try:  # every rank finds the same bad flag; agreeing lets each one say so
+            cfg.adjust_steps(cfg.steps_scaler)
+            cfg.validate()
+            check_result_dir(cfg.result_dir)
+        except ValueError as e:
+            error = e
+        raise_together(ctx, error, "checking the flags")
         for extension in extensions:  # each agrees on its own start-up errors
             closers.append(extension(cfg, ctx, trainer))
         error = None
@@ -97,7 +104,9 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
 
 
 def _fail(line: str, code: int) -> None:
-    print(line, file=sys.stderr, flush=True)
+    # One write: print's separate newline lets the ranks' lines run into each other.
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
     record_for_launcher(line)  # torchrun's summary shows the line, not "To enable traceback"
     sys.exit(code)
 

@@ -20,6 +20,22 @@ from .export import create_ply, ply_header, ply_rows, write_ply_rows
 log = logging.getLogger(__name__)
 
 
+def check_result_dir(result_dir: str) -> None:
+    """ValueError unless --result_dir is a writable folder or can be created as one. Every
+    rank writes there (its stats, checkpoint shards and PLY rows), so every rank checks,
+    before the first collective; nothing is created, so a refused run leaves no trace."""
+    path = Path(result_dir).absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"--result_dir {result_dir}: {existing} is a file, not a folder; "
+                         "pass a --result_dir whose parents are folders")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--result_dir {result_dir}: {existing} is not writable by this user; "
+                         "pass a writable --result_dir or fix the folder's permissions")
+
+
 def write_json(path: Path, data: Dict[str, Any]) -> None:
     """Atomic: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,9 +68,14 @@ def scene_scale(scene: Scene, global_scale: float = 1.0) -> float:
 def check_single_size(scene: Scene, indices: Optional[np.ndarray] = None) -> None:
     """A batch is rendered at one size: refuse scenes whose images differ in size."""
     idx = np.arange(scene.num_cameras) if indices is None else indices
-    sizes = set(zip(scene.widths[idx].tolist(), scene.heights[idx].tolist()))
+    sizes: dict = {}  # (w, h) -> camera indices of that size
+    for i, w, h in zip(idx.tolist(), scene.widths[idx].tolist(), scene.heights[idx].tolist()):
+        sizes.setdefault((w, h), []).append(i)
     if len(sizes) > 1:
+        where = scene.images.where if scene.images is not None else scene.names.__getitem__
+        counts = sorted(sizes.items(), key=lambda kv: -len(kv[1]))
+        listed = ", ".join(f"{len(c)} at {w}x{h} (e.g. {where(c[0])})" for (w, h), c in counts[:3])
         raise DataError(
-            f"the scene's images have {len(sizes)} different sizes ({sorted(sizes)[:4]}...); "
-            "distsplat renders each batch at one size: resize the images to one size"
+            f"the scene's images have {len(sizes)} different sizes: {listed}; distsplat renders each "
+            "batch at one size: resize the images to one size"
         )

@@ -129,6 +129,10 @@ class Trainer:
         strategy_ops.install()
         self.strategy = copy.deepcopy(cfg.strategy)
         if isinstance(self.strategy, MCMCStrategy):
+            if ctx.is_main and self.n_all > self.strategy.cap_max:  # gsplat runs on too: warn, do not refuse
+                log.warning("--strategy.cap_max %d is below the %d initial Gaussians: MCMC will relocate but never add "
+                            "Gaussians; raise --strategy.cap_max or start from fewer (--init_type random "
+                            "--init_num_pts N)", self.strategy.cap_max, self.n_all)
             # The global cap, split like the Gaussians: rank r may grow to its share.
             cap = chunk_bounds(self.strategy.cap_max, ctx.world_size)[ctx.rank]
             self.strategy.cap_max = max(cap[1] - cap[0], 1)
@@ -403,6 +407,12 @@ class Trainer:
             raise ck.CheckpointError(
                 f"--ckpt {meta['dir']} was written for another scene ({saved}) than this one "
                 f"({mine}); pass the matching --data_dir or start without --ckpt"
+            )
+        saved_sh = meta["state"].get("config", {}).get("sh_degree", self.cfg.sh_degree)
+        if saved_sh != self.cfg.sh_degree:  # else the first render fails on the colours' shape
+            raise ck.CheckpointError(
+                f"--ckpt {meta['dir']} holds colours of SH degree {saved_sh}, this run asks for "
+                f"--sh_degree {self.cfg.sh_degree}; pass --sh_degree {saved_sh} to resume it"
             )
         n_all = meta["num_gaussians"]
         bounds = chunk_bounds(n_all, self.ctx.world_size)[self.ctx.rank]

@@ -1,6 +1,6 @@
 """The trainer on gloo CPU ranks: W-invariance of training, both densification strategies,
 rebalancing, resuming on other world sizes, and the real CLI under torchrun (end to end,
-kill and resume, bad inputs)."""
+kill and resume; bad inputs are in test_bad_input_catalog.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from torchrun_cli import REPO, TINY_FLAGS, torchrun, torchrun_cmd, torchrun_env
 from trainer_workers import mcmc_config, tiny_config
-
-REPO = Path(__file__).resolve().parents[2]
-TRAINER = REPO / "examples" / "simple_trainer.py"
 
 
 def test_w1_and_w2_training_give_the_same_parameters_and_metrics(run_workers, tmp_path):
@@ -104,20 +100,6 @@ def test_w2_checkpoint_resumes_on_any_world_size(run_workers, w2_checkpoint, W):
 
 # ------------------------------------------------------------------ the CLI under torchrun
 
-TINY_FLAGS = [
-    "--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400",
-    "--synthetic.width", "32", "--synthetic.height", "24", "--sh_degree", "1",
-    "--num_workers", "1", "--prefetch", "1", "--disable_viewer",
-]
-
-
-def torchrun(args, nproc=2, timeout=180, **kwargs):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(TRAINER), *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DISTSPLAT_TIMEOUT_S="60")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kwargs)
-
-
 @pytest.mark.slow
 def test_cli_end_to_end_two_ranks(tmp_path):
     out = tmp_path / "run"
@@ -153,8 +135,7 @@ def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path):
     out = tmp_path / "run"
     args = ["default", "--max_steps", "400", "--save_steps", "20", "--eval_steps", "400",
             "--result_dir", str(out), *TINY_FLAGS]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TRAINER), *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=torchrun_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while not (out / "ckpts" / "step_000020" / "meta.json").exists() and time.monotonic() < deadline:
@@ -167,33 +148,3 @@ def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resumed" in p.stderr and "step 20" in p.stderr
     assert (out / "ckpts" / "step_000030" / "meta.json").is_file()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
-        (["--data_dir", "{tmp}"], "is not a scene: expected a COLMAP capture"),
-        (["--ckpt", "{other_ckpt}"], "was written for another scene"),
-    ],
-    ids=["batch_size", "data_dir", "ckpt"],
-)
-def test_cli_bad_input_fails_on_every_rank_without_overwriting(tmp_path, args, message):
-    out = tmp_path / "run"
-    (out / "stats").mkdir(parents=True)
-    keep = out / "stats" / "val_step0001.json"
-    keep.write_text('{"psnr": 1.0}')
-    other = tmp_path / "other"
-    if "{other_ckpt}" in args:  # a checkpoint of a different (larger) scene
-        p = torchrun(["default", "--max_steps", "2", "--save_steps", "2", "--eval_steps", "2",
-                      "--result_dir", str(other), *TINY_FLAGS, "--synthetic.num_cameras", "16"], nproc=1)
-        assert p.returncode == 0, p.stderr[-2000:]
-    args = [a.format(tmp=tmp_path, other_ckpt=other / "ckpts") for a in args]
-    t0 = time.monotonic()
-    p = torchrun(["default", "--max_steps", "5", "--result_dir", str(out), *TINY_FLAGS, *args], timeout=120)
-    assert p.returncode != 0
-    assert time.monotonic() - t0 < 60
-    assert p.stderr.count(message) >= 2, p.stderr[-3000:]  # the same message from both ranks
-    assert keep.read_text() == '{"psnr": 1.0}'  # nothing already written is lost
-    assert sorted(x.name for x in out.iterdir()) == ["stats"]

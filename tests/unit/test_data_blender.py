@@ -60,6 +60,9 @@ def test_blender_opengl_axes(blender_dir):
     ('{"frames": [{"file_path": "./train/r_0", "transform_matrix": [[1]]}]}', "camera_angle_x"),
     ('{"camera_angle_x": 0.7, "frames": [{"file_path": "./train/r_0", "transform_matrix": [[1, 0], [0, 1]]}]}', "4x4"),
     ('{"camera_angle_x": 0.7, "frames": [{"transform_matrix": []}]}', "file_path"),
+    ('{"camera_angle_x": 0.7, "frames": [{"file_path": "./train/r_0", "transform_matrix": '
+     '[[1, 0, 0, NaN], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]}]}',
+     r"frame 0 \(train/r_0.png\) transform_matrix\[0\]\[3\] is nan, not a finite number"),
 ])
 def test_malformed_transforms(blender_dir, text, match):
     _, root = blender_dir

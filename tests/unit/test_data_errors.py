@@ -35,6 +35,28 @@ def test_truncated_jpeg(dataset):
         load_colmap(dataset)
 
 
+def test_truncated_png(tmp_path):
+    from PIL import Image
+
+    from distsplat.data import FolderSource
+    from distsplat.data.decode import probe_images
+
+    path = tmp_path / "a.png"
+    Image.new("RGB", (32, 24), (200, 10, 10)).save(path)
+    assert probe_images(FolderSource([path]), [0]) == [(32, 24)]
+    path.write_bytes(path.read_bytes()[:-20])  # the header still parses
+    with pytest.raises(DataError, match="a.png: truncated PNG"):
+        probe_images(FolderSource([path]), [0])
+
+
+def test_garbage_image_message_names_no_buffer(dataset):
+    victim = dataset / "images" / "synthetic_00004.jpg"
+    victim.write_bytes(b"GIF00" + bytes(200))
+    with pytest.raises(DataError, match=r"synthetic_00004.jpg: not a readable image \(starts with b'GIF00") as e:
+        load_colmap(dataset)
+    assert "BytesIO" not in str(e.value)
+
+
 def test_corrupt_jpeg_header(dataset):
     victim = dataset / "images" / "synthetic_00004.jpg"
     victim.write_bytes(b"\xff\xd8\xff" + os.urandom(200) + b"\xff\xd9")
@@ -99,6 +121,30 @@ def test_truncated_model_file(dataset):
         load_colmap(dataset)
 
 
+def test_garbage_points3d_claiming_too_many_points(dataset):
+    path = dataset / "sparse" / "0" / "points3D.bin"
+    path.write_bytes(struct.pack("<Q", 2**62) + bytes(100))  # no allocation of 2^62 rows
+    with pytest.raises(DataError, match=r"points3D.bin: not a COLMAP points3D.bin: it claims 4611686018427387904 points"):
+        load_colmap(dataset)
+
+
+@pytest.mark.parametrize("field", ["qvec", "tvec"])
+def test_non_finite_pose(dataset, field):
+    model = colmap_io.read_model(dataset / "sparse" / "0")
+    getattr(model.images[2], field)[1] = np.inf
+    colmap_io.write_model_bin(model, dataset / "sparse" / "0")
+    with pytest.raises(DataError, match=r"images.bin: image 'synthetic_00001.jpg' has a non-finite pose"):
+        load_colmap(dataset)
+
+
+def test_non_finite_points(dataset):
+    model = colmap_io.read_model(dataset / "sparse" / "0")
+    model.points.xyz[[3, 7], 2] = np.nan
+    colmap_io.write_model_bin(model, dataset / "sparse" / "0")
+    with pytest.raises(DataError, match=r"points3D.bin: 2 of 300 points have non-finite coordinates \(first: point 4"):
+        load_colmap(dataset, normalize=True)
+
+
 def test_empty_sparse_0(dataset):
     for f in (dataset / "sparse" / "0").iterdir():
         f.unlink()
@@ -122,8 +168,11 @@ def test_model_without_images(dataset):
 
 def test_missing_image_folder(dataset):
     shutil.rmtree(dataset / "images")
-    with pytest.raises(DataError, match=r"image folder .*images does not exist"):
+    with pytest.raises(DataError, match=r"image folder .*images does not exist; there is images_2/: pass the matching --data_factor"):
         load_colmap(dataset, factor=1)
+    shutil.rmtree(dataset / "images_2")
+    with pytest.raises(DataError, match=r"images_4 does not exist, nor images/ to downscale by 4 on load; put the capture's images in images/"):
+        load_colmap(dataset, factor=4)
 
 
 def test_malformed_cameras_txt(dataset, tmp_path):
