@@ -29,6 +29,7 @@ from ..distributed import (
     CameraBatch,
     CameraBatcher,
     DistContext,
+    all_reduce_max,
     barrier,
     chunk_bounds,
     distributed_rasterize,
@@ -63,6 +64,7 @@ class Trainer:
         # that need collectives must call them on every rank in the same order; with no hook
         # the loop does no extra work.
         self.step_hooks: List[Callable[["Trainer", int], None]] = []
+        self._warned_newer = False
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -327,6 +329,12 @@ class Trainer:
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
                      "batcher": {**self.batcher.state_dict(), "epoch": pos // spe, "step": pos % spe}}
             ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
+            newer = ck.newer_checkpoints(root, step)
+            if newer and not self._warned_newer:
+                self._warned_newer = True
+                log.warning("%s holds checkpoints newer than this run's step %d (%s), from another "
+                            "run: they are kept, and --ckpt %s resumes from the newest of them",
+                            root, step, ", ".join(p.name for p in newer), root)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
             export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx)
@@ -348,15 +356,16 @@ class Trainer:
             )
         n_all = meta["num_gaussians"]
         bounds = chunk_bounds(n_all, self.ctx.world_size)[self.ctx.rank]
-        rows = ck.read_rows(meta, *bounds)
+        same_w = meta["world_size"] == self.ctx.world_size
+        self._check_shards(meta, ck.shards_for_rows(meta, *bounds) + ([self.ctx.rank] if same_w else []))
+        rows = ck.read_rows(meta, *bounds, verify=False)
         extra = ck.load_rows_into(rows, self.params, self.optimizers, self.device)
         for k, v in extra.items():
             self.strategy_state[k] = v
         self.n_all = n_all
         self.start_step = int(meta["step"])
-        if meta["world_size"] == self.ctx.world_size:  # each rank continues its own stream
-            shard = Path(meta["dir"]) / meta["shards"][self.ctx.rank]["file"]
-            set_rng_state(torch.load(shard, map_location="cpu", weights_only=True).get("rng"), self.device)
+        if same_w:  # each rank continues its own stream
+            set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
             torch.manual_seed(self.cfg.seed + 7919 * self.start_step + self.ctx.rank)
         state = meta["state"]["batcher"]
@@ -365,6 +374,18 @@ class Trainer:
         if self.ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
                      self.start_step, n_all, meta["world_size"], self.ctx.world_size)
+
+    def _check_shards(self, meta: Dict[str, Any], mine: List[int]) -> None:
+        """Checksums of the shards this rank reads; a bad one raises the same error on
+        every rank (not only on the rank that reads it, whose peers would otherwise wait
+        in the next collective)."""
+        bad = torch.zeros(len(meta["shards"]), dtype=torch.int64)  # [W_saved] 0 or ck.MISSING/CORRUPT
+        for i, problem in ck.check_shards(meta, mine).items():
+            bad[i] = problem
+        bad = all_reduce_max(bad.to(self.device)).cpu()
+        found = bad.nonzero().flatten().tolist()
+        if found:
+            raise ck.shard_error(meta, found[0], int(bad[found[0]]), len(found) - 1)
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:
