@@ -86,6 +86,9 @@ class Trainer:
         own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device)
 
+        # Densification draws from torch's global RNG (MCMC's multinomial and noise, the
+        # default strategy's split samples): one seeded stream per rank makes runs repeat.
+        seed_rank_rng(cfg.seed, r)
         self._init_gaussians()
         self.start_step = 0
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
@@ -367,7 +370,7 @@ class Trainer:
         if same_w:  # each rank continues its own stream
             set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
-            torch.manual_seed(self.cfg.seed + 7919 * self.start_step + self.ctx.rank)
+            seed_rank_rng(self.cfg.seed, self.ctx.rank, self.start_step)
         state = meta["state"]["batcher"]
         self.batcher.load_state_dict(state)
         self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
@@ -395,6 +398,12 @@ class Trainer:
             self.cache.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:
+    """Seeds torch's global RNG (CPU and CUDA) with a stream of its own for every
+    (seed, rank, step): a fresh run at step 0, a resume onto another W at its step."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0]))
 
 
 def rng_state(device: torch.device) -> Dict[str, Tensor]:
