@@ -67,6 +67,7 @@ class Trainer:
         self.step_hooks: List[Callable[["Trainer", int], None]] = []
         self.where = "during setup"  # for failure reports: what this rank was doing
 
+        self._warned_newer = False
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -93,6 +94,9 @@ class Trainer:
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)
 
+        # Densification draws from torch's global RNG (MCMC's multinomial and noise, the
+        # default strategy's split samples): one seeded stream per rank makes runs repeat.
+        seed_rank_rng(cfg.seed, r)
         self._init_gaussians()
         self.start_step = 0
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
@@ -389,6 +393,12 @@ class Trainer:
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
                      "batcher": {**self.batcher.state_dict(), "epoch": pos // spe, "step": pos % spe}}
             ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
+            newer = ck.newer_checkpoints(root, step)
+            if newer and not self._warned_newer:
+                self._warned_newer = True
+                log.warning("%s holds checkpoints newer than this run's step %d (%s), from another "
+                            "run: they are kept, and --ckpt %s resumes from the newest of them",
+                            root, step, ", ".join(p.name for p in newer), root)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
             export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx)
@@ -416,23 +426,33 @@ class Trainer:
             )
         n_all = meta["num_gaussians"]
         bounds = chunk_bounds(n_all, self.ctx.world_size)[self.ctx.rank]
-        rows = ck.read_rows(meta, *bounds)
+        same_w = meta["world_size"] == self.ctx.world_size
+        self._check_shards(meta, ck.shards_for_rows(meta, *bounds) + ([self.ctx.rank] if same_w else []))
+        rows = ck.read_rows(meta, *bounds, verify=False)
         extra = ck.load_rows_into(rows, self.params, self.optimizers, self.device)
         for k, v in extra.items():
             self.strategy_state[k] = v
         self.n_all = n_all
         self.start_step = int(meta["step"])
-        if meta["world_size"] == self.ctx.world_size:  # each rank continues its own stream
-            shard = Path(meta["dir"]) / meta["shards"][self.ctx.rank]["file"]
-            set_rng_state(torch.load(shard, map_location="cpu", weights_only=True).get("rng"), self.device)
+        if same_w:  # each rank continues its own stream
+            set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
-            torch.manual_seed(self.cfg.seed + 7919 * self.start_step + self.ctx.rank)
+            seed_rank_rng(self.cfg.seed, self.ctx.rank, self.start_step)
         state = meta["state"]["batcher"]
         self.batcher.load_state_dict(state)
         self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
         if self.ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
                      self.start_step, n_all, meta["world_size"], self.ctx.world_size)
+
+    def _check_shards(self, meta: Dict[str, Any], mine: List[int]) -> None:
+        """Checksums of the shards this rank reads. A bad one raises here, on this rank;
+        cli.run's agreement at the end of setup makes every rank raise it, naming this
+        rank (setup runs no collective of its own)."""
+        problems = ck.check_shards(meta, mine)  # {shard index: ck.MISSING or ck.CORRUPT}
+        if problems:
+            first = min(problems)
+            raise ck.shard_error(meta, first, problems[first], len(problems) - 1)
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:
@@ -442,6 +462,12 @@ class Trainer:
             self.cache.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:
+    """Seeds torch's global RNG (CPU and CUDA) with a stream of its own for every
+    (seed, rank, step): a fresh run at step 0, a resume onto another W at its step."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0]))
 
 
 def rng_state(device: torch.device) -> Dict[str, Tensor]:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from distsplat.train.strategies import DefaultStrategy
-from test_trainer import TINY_FLAGS, torchrun
+from torchrun_cli import TINY_FLAGS, torchrun
 from trainer_workers import tiny_config
 
 

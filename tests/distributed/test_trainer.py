@@ -1,20 +1,16 @@
 """The trainer on gloo CPU ranks: W-invariance of training, both densification strategies,
 rebalancing, resuming on other world sizes, and the real CLI under torchrun (end to end,
-kill and resume; bad inputs are in test_bad_input_catalog.py)."""
+kill and resume: test_checkpoint_faults.py; bad inputs: test_bad_input_catalog.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from torchrun_cli import REPO, TINY_FLAGS, torchrun, torchrun_cmd, torchrun_env
+from torchrun_cli import TINY_FLAGS, torchrun
 from trainer_workers import mcmc_config, tiny_config
 
 
@@ -128,23 +124,3 @@ def test_cli_end_to_end_two_ranks(tmp_path):
     means = torch.cat([torch.load(out / "ckpts" / "step_000120" / s["file"])["params"]["means"]
                        for s in meta["shards"]])
     np.testing.assert_array_equal(np.stack([v["x"], v["y"], v["z"]], 1), means.numpy())
-
-
-@pytest.mark.slow
-def test_killed_run_resumes_from_its_last_complete_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    args = ["default", "--max_steps", "400", "--save_steps", "20", "--eval_steps", "400",
-            "--result_dir", str(out), *TINY_FLAGS]
-    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=torchrun_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (out / "ckpts" / "step_000020" / "meta.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, mid-training
-    proc.wait()
-    assert (out / "ckpts" / "step_000020").is_dir()
-    p = torchrun(["default", "--max_steps", "30", "--save_steps", "30", "--eval_steps", "30",
-                  "--result_dir", str(out), "--ckpt", str(out / "ckpts"), *TINY_FLAGS])
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "resumed" in p.stderr and "step 20" in p.stderr
-    assert (out / "ckpts" / "step_000030" / "meta.json").is_file()

@@ -1,6 +1,8 @@
 """Checkpoints: written by W ranks, read back by W' ranks with the same rows, Adam state
 and continuation; partial and corrupt checkpoints are never used."""
 
+import os
+
 import pytest
 import torch
 
@@ -98,3 +100,122 @@ def test_partial_and_corrupt_checkpoints_are_not_used(tmp_path):
     ck.read_rows(meta, 0, 5)  # rows only in the intact shard still load
     with pytest.raises(ck.CheckpointError, match="no complete checkpoint"):
         ck.read_meta(tmp_path / "nothing")
+
+
+# ---------------------------------------------------------------- damaged checkpoints
+# Each is refused with a message naming the file and what to do instead: resume from the
+# earlier checkpoint, or (with none) start without --ckpt. Never a silent fall-back.
+
+def two_saved(root):
+    parts = [(*model(b), {}) for b in bounds(23, 2)]
+    save(root, 10, parts)
+    save(root, 20, parts)
+    return root / "step_000020"
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+EARLIER = "resume from the earlier checkpoint --ckpt {root}/step_000010 or start without --ckpt"
+
+
+@pytest.mark.parametrize("damage, file, message", [
+    (truncate, "rank_0001.pt", "rank_0001.pt does not match its checksum in {d}/meta.json: the file is corrupt or truncated"),
+    (flip_byte, "rank_0000.pt", "rank_0000.pt does not match its checksum in {d}/meta.json: the file is corrupt or truncated"),
+    (lambda p: p.unlink(), "rank_0001.pt", "rank_0001.pt is missing: the checkpoint at {d} is incomplete"),
+], ids=["truncated_shard", "flipped_byte_in_shard", "missing_shard"])
+def test_damaged_shard_is_refused(tmp_path, damage, file, message):
+    d = two_saved(tmp_path)
+    damage(d / file)
+    meta = ck.read_meta(tmp_path)  # the newest, not silently the older one
+    assert meta["dir"] == str(d)
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.read_rows(meta, 0, 23)
+    assert str(e.value) == f"{d}/{message.format(d=d)}; {EARLIER.format(root=tmp_path)}"
+    # Every rank can raise that same error, also those that do not read the bad shard.
+    problems = ck.check_shards(meta, range(2))
+    assert list(problems) == [int(file[5:9])]
+    i = int(file[5:9])
+    assert str(ck.shard_error(meta, i, problems[i])) == str(e.value)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (truncate, "is truncated or corrupt (not valid JSON)"),
+    (lambda p: p.write_text(p.read_text().replace('"end": 12', '"end": 13', 1)),
+     "does not match its own checksum (meta_sha256): the file is corrupt"),
+    (lambda p: p.write_text(p.read_text().replace('"step": 20', '"step": 21', 1)),
+     "does not match its own checksum (meta_sha256): the file is corrupt"),
+], ids=["truncated_meta", "meta_edited_rows", "meta_edited_step"])
+def test_damaged_meta_is_refused_on_every_path_to_it(tmp_path, damage, message):
+    d = two_saved(tmp_path)
+    damage(d / "meta.json")
+    for path in (tmp_path, d):  # the ckpts/ root does not fall back to step 10 in silence
+        with pytest.raises(ck.CheckpointError) as e:
+            ck.read_meta(path)
+        assert str(e.value) == f"{d}/meta.json {message}; {EARLIER.format(root=tmp_path)}"
+
+
+def test_missing_meta_is_refused_naming_it(tmp_path):
+    d = two_saved(tmp_path)
+    (d / "meta.json").unlink()
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.read_meta(d)
+    assert str(e.value) == (f"{d}/meta.json is missing: the checkpoint at {d} is incomplete (killed while "
+                            f"it was written?); {EARLIER.format(root=tmp_path)}")
+    assert ck.read_meta(tmp_path)["step"] == 10  # without meta.json step 20 was never complete
+    (tmp_path / "step_000010" / "rank_0000.pt").unlink()
+    with pytest.raises(ck.CheckpointError, match=r"step_000010/rank_0000.pt is missing: .*; start without --ckpt"):
+        ck.read_rows(ck.read_meta(tmp_path), 0, 23)
+
+
+def test_format_1_checkpoints_still_load_and_newer_formats_say_so(tmp_path):
+    import json
+
+    d = two_saved(tmp_path)
+    meta = json.loads((d / "meta.json").read_text())
+    del meta["meta_sha256"]
+    meta["format"] = 1  # as distsplat wrote them before meta_sha256
+    (d / "meta.json").write_text(json.dumps(meta))
+    assert ck.read_meta(d)["num_gaussians"] == 23
+    ck.read_rows(ck.read_meta(d), 0, 23)
+    meta["format"] = 3
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ck.CheckpointError, match=r"meta.json has checkpoint format 3, newer than this "
+                                                  r"distsplat reads \(1, 2\): upgrade distsplat"):
+        ck.read_meta(d)
+
+
+def test_pruning_keeps_newer_checkpoints_and_begin_clears_earlier_kills(tmp_path):
+    parts = [(*model(b), {}) for b in bounds(23, 2)]
+    for step in (10, 50):  # 50: another run's, further along, in the same directory
+        save(tmp_path, step, parts)
+    # What kills leave: a .tmp, a half-deleted .pruned (meta.json without shards), and a
+    # step saved again whose old version was set aside but whose new one never arrived.
+    (tmp_path / "step_000040.tmp").mkdir()
+    (tmp_path / "step_000005.pruned").mkdir()
+    (tmp_path / "step_000005.pruned" / "meta.json").write_text("{}")
+    os.replace(tmp_path / "step_000050", tmp_path / "step_000050.replaced")
+    (tmp_path / "step_000060.old").mkdir()  # not ours: names are exact
+    assert [p.name for p in ck.complete_checkpoints(tmp_path)] == ["step_000010", "step_000050.replaced"]
+    save(tmp_path, 20, parts)
+    save(tmp_path, 30, parts)  # keep=2 among steps <= 30: 10 goes, 50 stays
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["step_000020", "step_000030", "step_000050", "step_000060.old"]
+    assert ck.newer_checkpoints(tmp_path, 30) == [tmp_path / "step_000050"]
+    save(tmp_path, 30, parts)  # the same step again: replaced, nothing else moves
+    assert [p.name for p in ck.complete_checkpoints(tmp_path)] == ["step_000020", "step_000030", "step_000050"]
+    assert ck.read_meta(tmp_path)["step"] == 50
+
+
+def test_steps_past_a_million_sort_by_number(tmp_path):
+    parts = [(*model(b), {}) for b in bounds(23, 1)]
+    save(tmp_path, 999_999, parts)
+    save(tmp_path, 1_000_000, parts)
+    assert ck.read_meta(tmp_path)["step"] == 1_000_000
