@@ -394,12 +394,24 @@ def ckpt_truncated_shard(b: Bench):
     return colmap_args(b.colmap(), "--ckpt", str(ckpts))
 
 
+@case("rank 1: ")
+def ckpt_shard_only_rank1_reads(b: Bench):
+    """Rank 1's shard, flipped in the middle: only rank 1 reads it, yet rank 0 must stop
+    too, with the same line naming rank 1 (setup's agreement), not wait in a collective."""
+    ckpts = b.ckpt()
+    shard = next(ckpts.iterdir()) / "rank_0001.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    return colmap_args(b.colmap(), "--ckpt", str(ckpts))
+
+
 @case("holds colours of SH degree 1, this run asks for --sh_degree 3; pass --sh_degree 1")
 def ckpt_of_another_sh_degree(b: Bench):
     return colmap_args(b.colmap(), "--ckpt", str(b.ckpt()), "--sh_degree", "3")
 
 
-@case("meta.json is not a distsplat checkpoint meta file")
+@case("meta.json is truncated or corrupt (not valid JSON); start without --ckpt")
 def ckpt_corrupt_meta(b: Bench):
     ckpts = b.ckpt()
     meta = next(ckpts.iterdir()) / "meta.json"
