@@ -37,9 +37,10 @@ MESSAGE_BYTES = 4096  # the broadcast message buffer; longer messages are cut
 FAILURE_KEY = "distsplat/failed/"
 BAD_INPUT, OTHER = 1, 2  # per-rank failure kinds in raise_together's vector
 
-# What gloo and NCCL say when the other side of a collective is gone or late.
-_PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Timed out",
-                 "timed out", "Broken pipe", "NCCL", "ProcessGroup", "Connection refused")
+# What gloo says (as a plain RuntimeError) when the other side of a collective is gone or
+# late; NCCL's errors arrive as torch.distributed.DistError subclasses.
+_PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting",
+                 "Broken pipe", "Connection refused")
 
 
 class PeerFailure(RuntimeError):
