@@ -462,11 +462,6 @@ def error_line(stderr: str, message: str) -> Optional[str]:
     return lines[0] if lines else None
 
 
-def reporting_rank(line: str) -> int:
-    m = re.match(r"distsplat: error on rank (\d+):", line)
-    return int(m.group(1)) if m else 0
-
-
 def unexplained_tracebacks(stderr: str) -> List[str]:
     """Python tracebacks in stderr, except torchrun's own (the launcher re-raising the
     failure as ChildFailedError before its summary). A rank whose collective broke because
