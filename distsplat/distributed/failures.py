@@ -51,8 +51,8 @@ def raise_together(ctx: DistContext, error: Optional[BaseException], what: str =
     """Every rank calls this with the exception it caught in `what` (or None). If any rank
     failed, every rank raises: a ValueError with the same message (the lowest failing rank's)
     when the failure was bad input (ValueError) on every failing rank, prefixed `rank r: `
-    unless every rank failed; otherwise the failing rank re-raises its own exception (keeping its traceback)
-    and the others raise PeerFailure naming it. Costs one all-reduce of W int64s when
+    unless every rank failed; otherwise a failing rank re-raises its own exception (keeping
+    its traceback) and the others raise PeerFailure naming the lowest failing rank. Costs one all-reduce of W int64s when
     nobody failed. No collective may run between the start of `what` and this call."""
     W = ctx.world_size
     if W == 1 or not dist.is_initialized():
@@ -63,14 +63,15 @@ def raise_together(ctx: DistContext, error: Optional[BaseException], what: str =
     if error is not None:
         kinds[ctx.rank] = BAD_INPUT if isinstance(error, ValueError) else OTHER
     dist.all_reduce(kinds)
-    failed = [r for r, k in enumerate(kinds.tolist()) if k]
+    kinds = kinds.tolist()
+    failed = [r for r, k in enumerate(kinds) if k]
     if not failed:
         return
     first = failed[0]
     buf = torch.zeros(MESSAGE_BYTES, dtype=torch.uint8, device=ctx.device)  # [MESSAGE_BYTES]
     if ctx.rank == first:
         text = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
-        raw = text.encode("utf-8", "replace")[:MESSAGE_BYTES]
+        raw = (text or type(error).__name__).encode("utf-8", "replace")[:MESSAGE_BYTES]
         buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     dist.broadcast(buf, src=first)
     message = bytes(buf.cpu().numpy()).rstrip(b"\0").decode("utf-8", "replace")
