@@ -24,8 +24,8 @@ These functions do no collectives: the trainer runs them on every rank with barr
 between (begin on rank 0 -> barrier -> write_shard on all ranks -> barrier -> finalize on
 rank 0 -> barrier). Reading is by global row range, so W' ranks each read
 `chunk_bounds(N_all, W')` from W shards. A checkpoint that fails its checks raises
-CheckpointError naming the file and what to do; `check_shards` + `shard_error` let every
-rank raise the same error for a shard that only one of them reads.
+CheckpointError naming the file and what to do (`verify_shards`: the first bad shard of
+those a rank reads; the trainer's setup agreement makes every rank raise it).
 """
 
 from __future__ import annotations
@@ -316,6 +316,15 @@ def check_shards(meta: Dict[str, Any], indices: Sequence[int]) -> Dict[int, int]
     return problems
 
 
+def verify_shards(meta: Dict[str, Any], indices: Sequence[int]) -> None:
+    """Raises the CheckpointError of the first listed shard that is missing or fails its
+    checksum (counting the others); returns when all are intact."""
+    problems = check_shards(meta, indices)
+    if problems:
+        first = min(problems)
+        raise shard_error(meta, first, problems[first], len(problems) - 1)
+
+
 def shard_error(meta: Dict[str, Any], index: int, problem: int, others: int = 0) -> CheckpointError:
     """The error for shard `index` (the same text on every rank that builds it)."""
     d = Path(meta["dir"])
@@ -342,16 +351,13 @@ def load_shard(meta: Dict[str, Any], index: int) -> Dict[str, Any]:
 def read_rows(meta: Dict[str, Any], start: int, end: int, verify: bool = True) -> Dict[str, Any]:
     """Global rows [start, end) of every saved tensor, gathered from the shards that
     hold them, as a shard payload (re-chunking for any world size). `verify` checks the
-    shards' SHA-256 first (pass False when check_shards already did)."""
+    shards' SHA-256 first (pass False when verify_shards already did)."""
     if not 0 <= start <= end <= meta["num_gaussians"]:
         raise CheckpointError(f"rows [{start}, {end}) are not all in the checkpoint at {meta['dir']} "
                               f"({meta['num_gaussians']} rows)")
     indices = shards_for_rows(meta, start, end)
     if verify:
-        problems = check_shards(meta, indices)
-        if problems:
-            first = min(problems)
-            raise shard_error(meta, first, problems[first], len(problems) - 1)
+        verify_shards(meta, indices)
     pieces: List[Dict[str, Any]] = []
     for i in indices:
         shard = meta["shards"][i]

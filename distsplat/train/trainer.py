@@ -427,7 +427,9 @@ class Trainer:
         n_all = meta["num_gaussians"]
         bounds = chunk_bounds(n_all, self.ctx.world_size)[self.ctx.rank]
         same_w = meta["world_size"] == self.ctx.world_size
-        self._check_shards(meta, ck.shards_for_rows(meta, *bounds) + ([self.ctx.rank] if same_w else []))
+        # Every shard this rank reads, its own too on the same W (the RNG state): a bad one
+        # raises on this rank, and cli.run's setup agreement makes every rank raise it.
+        ck.verify_shards(meta, ck.shards_for_rows(meta, *bounds) + ([self.ctx.rank] if same_w else []))
         rows = ck.read_rows(meta, *bounds, verify=False)
         extra = ck.load_rows_into(rows, self.params, self.optimizers, self.device)
         for k, v in extra.items():
@@ -444,15 +446,6 @@ class Trainer:
         if self.ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
                      self.start_step, n_all, meta["world_size"], self.ctx.world_size)
-
-    def _check_shards(self, meta: Dict[str, Any], mine: List[int]) -> None:
-        """Checksums of the shards this rank reads. A bad one raises here, on this rank;
-        cli.run's agreement at the end of setup makes every rank raise it, naming this
-        rank (setup runs no collective of its own)."""
-        problems = ck.check_shards(meta, mine)  # {shard index: ck.MISSING or ck.CORRUPT}
-        if problems:
-            first = min(problems)
-            raise ck.shard_error(meta, first, problems[first], len(problems) - 1)
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:

@@ -7,20 +7,15 @@ real CLI under torchrun with a fault injected by tests/distributed/fault_trainer
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from torchrun_cli import TINY_FLAGS, torchrun
+
 FAULT_TRAINER = Path(__file__).resolve().parent / "fault_trainer.py"
-TINY = ["--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400", "--synthetic.width", "32",
-        "--synthetic.height", "24", "--sh_degree", "1", "--num_workers", "1", "--prefetch", "1",
-        "--disable_viewer"]
 
 
 @pytest.mark.parametrize("W", [2, 3])
@@ -44,12 +39,10 @@ def test_setup_errors_are_agreed_by_every_rank(run_workers, W):
 
 
 def run_fault(tmp_path, fault: str, nproc: int, timeout_s: float = 30, steps: int = 400):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(FAULT_TRAINER), "default", "--max_steps", str(steps), "--eval_steps", str(steps),
-           "--result_dir", str(tmp_path / "run"), *TINY]
-    env = dict(os.environ, OMP_NUM_THREADS="1", DISTSPLAT_FAULT=fault, DISTSPLAT_TIMEOUT_S=str(timeout_s))
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+    p = torchrun(["default", "--max_steps", str(steps), "--eval_steps", str(steps),
+                  "--result_dir", str(tmp_path / "run"), *TINY_FLAGS], nproc, collective_timeout_s=timeout_s,
+                 script=FAULT_TRAINER, extra_env={"DISTSPLAT_FAULT": fault})
     return p, time.monotonic() - t0
 
 

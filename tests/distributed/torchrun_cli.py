@@ -21,9 +21,9 @@ TINY_FLAGS = [
 ]
 
 
-def torchrun_cmd(args: Sequence[str], nproc: int = 2) -> list:
+def torchrun_cmd(args: Sequence[str], nproc: int = 2, script: Path = TRAINER) -> list:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            str(TRAINER), *args]
+            str(script), *args]
 
 
 def torchrun_env(timeout_s: float = 60, extra: Optional[Mapping[str, str]] = None) -> dict:
@@ -32,12 +32,13 @@ def torchrun_env(timeout_s: float = 60, extra: Optional[Mapping[str, str]] = Non
     return dict(os.environ, OMP_NUM_THREADS="1", DISTSPLAT_TIMEOUT_S=str(timeout_s), **(extra or {}))
 
 
-def torchrun(args: Sequence[str], nproc: int = 2, timeout: float = 180,
-             collective_timeout_s: float = 60) -> subprocess.CompletedProcess:
-    """Runs the CLI to the end; past `timeout` the whole job (launcher and ranks, its own
-    session) is killed and TimeoutExpired raised, so no rank outlives a test."""
-    with subprocess.Popen(torchrun_cmd(args, nproc), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=torchrun_env(collective_timeout_s), cwd=REPO, start_new_session=True) as proc:
+def torchrun(args: Sequence[str], nproc: int = 2, timeout: float = 180, collective_timeout_s: float = 60,
+             script: Path = TRAINER, extra_env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess:
+    """Runs the CLI (or `script`, a wrapper of it) to the end; past `timeout` the whole job
+    (launcher and ranks, its own session) is killed and TimeoutExpired raised."""
+    with subprocess.Popen(torchrun_cmd(args, nproc, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=torchrun_env(collective_timeout_s, extra_env), cwd=REPO,
+                          start_new_session=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
