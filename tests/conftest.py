@@ -1,12 +1,40 @@
-"""Shared fixtures: CUDA tests are skipped without a GPU; shared data is read from
-../shared/data next to the repository and tests skip with a reason when it is absent."""
+"""Shared fixtures: CUDA tests are skipped without a GPU; real data is read from
+$DISTSPLAT_DATA, else ../shared/data next to the repository, else the repository's
+.gpu_data/ (what scripts/gpu_prepare.sh copies for the GPU machine, where ../shared does
+not travel), and tests skip with a reason when none exists.
 
+DISTSPLAT_FAIL_ON_SKIP=1 turns every skip into a failure: a GPU validation whose tests
+skipped (no data, no GPU) must not look green."""
+
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _find_data() -> Path:
+    if os.environ.get("DISTSPLAT_DATA"):
+        return Path(os.environ["DISTSPLAT_DATA"])
+    for candidate in (_REPO.parent / "shared" / "data", _REPO / ".gpu_data"):
+        if candidate.is_dir():
+            return candidate
+    return _REPO.parent / "shared" / "data"
+
+
+SHARED_DATA = _find_data()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("DISTSPLAT_FAIL_ON_SKIP") == "1" and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and DISTSPLAT_FAIL_ON_SKIP=1 forbids skips: {reason}"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -21,5 +49,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared test data not found at {SHARED_DATA}")
+        pytest.skip(f"real test data not found at {SHARED_DATA} (set DISTSPLAT_DATA, or run "
+                    "scripts/gpu_prepare.sh to fill .gpu_data/)")
     return SHARED_DATA

@@ -20,7 +20,7 @@ def load_garden(
     path: Path = SHARED_DATA / "test_garden.npz",
 ) -> Dict:
     if not path.is_file():
-        pytest.skip(f"{path} not found (it lives in ../shared/data next to the repository)")
+        pytest.skip(f"{path} not found (set DISTSPLAT_DATA to the folder holding it; see tests/conftest.py)")
     data = np.load(path)
     means = torch.from_numpy(data["means3d"]).float()
     colors = torch.from_numpy(data["colors"]).float() / 255.0

@@ -61,7 +61,7 @@ def project(
     if sh_degree is None:
         pair_colors = colors[gid]
     else:
-        campos = torch.linalg.inv(viewmats)[:, :3, 3]  # [C, 3]
+        campos = camera_centers(viewmats)  # [C, 3]
         dirs = means[gid] - campos[cid]  # [M, 3]
         pair_colors = torch.clamp_min(spherical_harmonics(sh_degree, dirs, colors[gid]) + 0.5, 0.0)
     pairs = Pairs(
@@ -69,6 +69,14 @@ def project(
         depths=depths, conics=conics, opacities=opac, colors=pair_colors,
     )
     return pairs, dense
+
+
+def camera_centers(viewmats: Tensor) -> Tensor:  # [C, 4, 4] -> [C, 3]
+    """World positions of rigid world-to-camera transforms [R t; 0 1]: -R^T t. Closed
+    form instead of `torch.linalg.inv`, whose CUDA kernel checks for singular inputs on
+    the host, a sync in every step."""
+    R, t = viewmats[:, :3, :3], viewmats[:, :3, 3:]  # [C, 3, 3], [C, 3, 1]
+    return -(R.transpose(1, 2) @ t)[:, :, 0]
 
 
 def rasterize_pairs(
@@ -97,11 +105,15 @@ def rasterize_pairs(
     offsets = isect_offset_encode(isect_ids, C, tiles_x, tiles_y).reshape(C, tiles_y, tiles_x)
     renders, alphas = [], None
     for lo in range(0, D, CHANNEL_CHUNK):
-        bg = None if backgrounds is None else backgrounds[:, lo : lo + CHANNEL_CHUNK]
+        # No `backgrounds` for the kernel: gsplat 1.5.3's packed wrapper takes the image
+        # dims from means2d ([nnz, 2] -> ()) and asserts backgrounds.shape == (D,), so a
+        # [C, D] background would raise. Composited below, as the torch backend does.
         r, alphas = rasterize_to_pixels(
             pairs.means2d, pairs.conics, pairs.colors[:, lo : lo + CHANNEL_CHUNK],
-            pairs.opacities, width, height, tile_size, offsets, flatten_ids,
-            backgrounds=bg, packed=True,
+            pairs.opacities, width, height, tile_size, offsets, flatten_ids, packed=True,
         )
         renders.append(r)
-    return torch.cat(renders, dim=-1), alphas
+    render = torch.cat(renders, dim=-1)  # [C, H, W, D]
+    if backgrounds is not None:
+        render = render + backgrounds[:, None, None, :] * (1.0 - alphas)
+    return render, alphas

@@ -245,19 +245,19 @@ class Trainer:
         cfg = self.cfg
         batch = self._batch(step)
         images = next(self.loader)
-        gt = images.stacked().to(self.device).float() / 255.0  # [C_own, H, W, 3]
+        gt = images.stacked().to(self.device).float() / 255.0  # [C_own, H, W, 3] (already there)
         C = len(batch.cameras)
-        cams = self.train_idx[batch.cameras].to(self.device)
+        cams = to_device(self.train_idx[batch.cameras], self.device)
         sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
         backgrounds = None
         if cfg.random_bkgd:  # the same draw on every rank: seeded by the step
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-            backgrounds = torch.rand(C, 3, generator=gen).to(self.device)
+            backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
         colors, alphas, meta = distributed_rasterize(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
             self.viewmats[cams], self.Ks[cams], self.width, self.height,
-            batch.camera_owner.to(self.device), sh_degree=sh, **self._render_kwargs(backgrounds),
+            to_device(batch.camera_owner, self.device), sh_degree=sh, **self._render_kwargs(backgrounds),
         )
         # Sum of own images' losses / global batch: the ranks' gradients add up to those of
         # the mean loss over the global batch, whatever W is.
@@ -476,3 +476,13 @@ def set_rng_state(state: Optional[Dict[str, Tensor]], device: torch.device) -> N
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def to_device(x: Tensor, device: torch.device) -> Tensor:
+    """A small CPU tensor of the step (camera indices, owners, backgrounds) on `device`
+    without stalling the host: a pageable copy to CUDA blocks until it lands, a pinned
+    one with non_blocking=True is queued on the stream (torch's pinned-memory cache keeps
+    the buffer alive until the copy is done)."""
+    if device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
