@@ -43,6 +43,11 @@ def machine() -> Dict[str, Any]:
 
 
 def git_commit() -> str:
+    """HEAD (short, `-dirty` with uncommitted changes under distsplat/); on a machine
+    without the repository's .git (the GPU machine gets a copy of the working tree),
+    $DISTSPLAT_COMMIT, which scripts/gpu_prepare.sh records and gpu_validate.sh exports."""
+    if os.environ.get("DISTSPLAT_COMMIT"):
+        return os.environ["DISTSPLAT_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[1]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)

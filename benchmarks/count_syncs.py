@@ -1,0 +1,120 @@
+"""Host syncs of one training step on CUDA, counted, not claimed.
+
+torch.cuda.set_sync_debug_mode("warn") makes every synchronizing CUDA call (a device ->
+host read such as .item()/.tolist()/nonzero, a pageable host <-> device copy, an explicit
+synchronize) raise a warning; the warnings of one step are counted and grouped by the
+Python line that caused them. Three steps are counted, each after warm-up steps:
+
+    trainer     distsplat's Trainer.train_step at W = 1 (loader, distributed render with
+                the gsplat backend, loss, backward, Adam, densification bookkeeping) on a
+                non-refine step
+    ours_render one distributed_rasterize forward + backward at W = 1 (the render alone)
+    gsplat      the same render written with gsplat.rasterization(packed=True), + backward
+
+The claim this checks (distsplat/distributed/render.py): the distributed layer adds ONE
+sync per forward (the count transfer); gsplat's packed projection and isect_tiles each do
+one .item() of their own.
+
+Needs a CUDA GPU. Environment: SCENE (a COLMAP folder; default $DISTSPLAT_DATA/thermos,
+else the built-in synthetic scene), DATA_FACTOR (2), WARMUP (3). Writes
+benchmarks/results/host_syncs_cuda.json and prints one summary line.
+"""
+
+from __future__ import annotations
+
+import collections
+import linecache
+import os
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, Dict
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import write_result  # noqa: E402
+
+
+def count_syncs(fn: Callable[[], object]) -> Dict[str, object]:
+    """Runs fn once under sync debug mode 'warn'; returns the count and where they came from."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    where = collections.Counter(
+        f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}: "
+        f"{linecache.getline(w.filename, w.lineno).strip()[:100]}" for w in syncs)
+    return {"count": len(syncs), "where": dict(where.most_common())}
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("count_syncs.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from distsplat.distributed import distributed_rasterize, init_distributed
+    from distsplat.train.config import Config
+    from distsplat.train.gaussians import activated
+    from distsplat.train.trainer import Trainer
+
+    data = os.environ.get("DISTSPLAT_DATA")
+    scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data else "")
+    warmup = int(os.environ.get("WARMUP", 3))
+    out_dir = tempfile.mkdtemp(prefix="count_syncs_")
+    cfg = Config(data_dir=scene or None, data_factor=int(os.environ.get("DATA_FACTOR", 2)),
+                 result_dir=out_dir, max_steps=1000, eval_steps=[], save_steps=[], save_ply=False,
+                 disable_viewer=True, backend="gsplat")
+    cfg.validate()
+    ctx = init_distributed()
+    trainer = Trainer(cfg, ctx)
+    trainer.setup()
+    try:
+        for step in range(warmup):
+            trainer.train_step(step)
+        assert not trainer._is_refine_step(warmup), "count a step without densification"
+        results = {"trainer": count_syncs(lambda: trainer.train_step(warmup))}
+
+        g = {k: v.detach().requires_grad_() for k, v in activated(trainer.params, cfg.sh_degree).items()}
+        cams = trainer.train_idx[:1].to(trainer.device)
+        viewmats, Ks = trainer.viewmats[cams], trainer.Ks[cams]
+        W, H = trainer.width, trainer.height
+        owner = torch.zeros(1, dtype=torch.int64, device=trainer.device)
+
+        def ours():
+            c, a, _ = distributed_rasterize(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+                                            viewmats, Ks, W, H, owner, sh_degree=cfg.sh_degree,
+                                            backend="gsplat", check_cameras=True)
+            (c.sum() + a.sum()).backward()
+
+        def theirs():
+            from gsplat import rasterization
+
+            c, a, _ = rasterization(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+                                    viewmats, Ks, W, H, sh_degree=cfg.sh_degree, packed=True)
+            (c.sum() + a.sum()).backward()
+
+        for fn in (ours, theirs):  # warm-up: kernels loaded, caches filled
+            fn()
+        results["ours_render"] = count_syncs(ours)
+        results["gsplat"] = count_syncs(theirs)
+    finally:
+        trainer.cleanup()
+    payload = {
+        "scene": scene or "built-in synthetic", "data_factor": cfg.data_factor,
+        "gaussians": trainer.n_all, "image": [trainer.width, trainer.height],
+        "counted_step": warmup, "syncs": results,
+        "claim": ("distsplat's distributed layer adds one sync per forward (the count transfer); "
+                  "gsplat's packed projection and isect_tiles each do one .item() of their own"),
+    }
+    path = write_result("host_syncs_cuda", payload)
+    print("host syncs per step: " + ", ".join(f"{k} {v['count']}" for k, v in results.items()) + f" -> {path}")
+
+
+if __name__ == "__main__":
+    main()

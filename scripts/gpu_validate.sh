@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The GPU validation, in two device calls of under 10 minutes each, on a bare GPU machine
+# (torch with CUDA preinstalled, no internet). Prepare on the CPU machine first:
+#     bash scripts/gpu_prepare.sh        # wheels -> .whl/, data -> .gpu_data/, gsplat -> .gsplat_ext/
+# then, on the device, from the repository root, with .whl .gpu_data .gsplat_ext carried:
+#     bash scripts/gpu_validate.sh 1     # correctness: gsplat loads, tests/cuda with no skip,
+#                                        # host syncs, NCCL W=1 and shared-GPU W=2 trainings
+#     bash scripts/gpu_validate.sh 2     # numbers: bench_vs_gsplat, default and mcmc on thermos
+# Everything lands in $OUT (default: ./gpu_out): summary.txt (one line per check, PASS/FAIL),
+# the logs, and results.tgz (benchmarks/results/*.json written by this run). The exit code
+# is non-zero when any check failed. Each check runs under `timeout` so that a hang costs its
+# own budget, never the whole call.
+#
+# Environment: OUT, STEPS (trainings of part 2, default 2000), DATA_FACTOR (thermos, 1 = 946x532).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+PART="${1:-1}"
+OUT="${OUT:-$PWD/gpu_out}"
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+FAILED=0
+T0=$(date +%s)
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# check NAME SECONDS CMD...: runs CMD with a time limit, its output in $OUT/NAME.log.
+check() {
+    local name="$1" limit="$2" start rc
+    shift 2
+    start=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        note "PASS $name ($(( $(date +%s) - start )) s)"
+    else
+        note "FAIL $name (exit $rc$([ "$rc" -eq 124 ] && echo ", timed out after ${limit} s"), $(( $(date +%s) - start )) s; see $name.log)"
+        tail -n 30 "$OUT/$name.log"
+        FAILED=1
+    fi
+    return "$rc"
+}
+
+# ------------------------------------------------------------------ environment
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export DISTSPLAT_DATA="$PWD/.gpu_data"
+export DISTSPLAT_GSPLAT_EXT="$PWD/.gsplat_ext"
+# gsplat's JIT fallback builds here: inside the repository copy, kept while the machine stays warm.
+export TORCH_EXTENSIONS_DIR="$PWD/.torch_extensions"
+export MAX_JOBS="${MAX_JOBS:-14}"
+if [ -f .gpu_data/COMMIT ]; then DISTSPLAT_COMMIT="$(cat .gpu_data/COMMIT)"; export DISTSPLAT_COMMIT; fi
+PY=python3
+if [ -d .whl ] && ! $PY -c "import tyro, viser, gsplat" 2>/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { note "FAIL install of the carried wheels"; exit 1; }
+fi
+{
+    echo "part $PART, commit ${DISTSPLAT_COMMIT:-unknown}, $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+    $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.get_device_name(0))"
+    nvcc --version 2>&1 | tail -1
+} | tee "$OUT/env.txt"
+$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'" || { note "FAIL no CUDA GPU visible to torch"; exit 1; }
+
+# One process loads the prebuilt extension (or JIT-builds it once) before anything else,
+# so no two ranks ever build concurrently.
+check gsplat_ops 420 $PY -m distsplat.render.gsplat_ext || { note "gsplat's ops are missing: nothing else can run"; exit 1; }
+note "  $(tail -n 1 "$OUT/gsplat_ops.log")"
+
+THERMOS="$DISTSPLAT_DATA/thermos"
+train() {  # train NAME LIMIT NPROC [ENV=VAL ...] -- TRAINER ARGS...
+    local name="$1" limit="$2" nproc="$3"
+    shift 3
+    local envs=()
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    check "$name" "$limit" env "${envs[@]}" $PY -m torch.distributed.run --standalone --nproc_per_node="$nproc" \
+        examples/simple_trainer.py "$@" --disable_viewer --result_dir "/tmp/runs/$name"
+    local stats
+    stats=$(ls /tmp/runs/"$name"/stats/val_step*.json 2>/dev/null | tail -n 1)
+    [ -n "$stats" ] && note "  $name: $($PY -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('step','psnr','ssim','num_GS','elapsed') if k in d})" "$stats")"
+    mkdir -p benchmarks/results/runs && [ -n "$stats" ] && cp "$stats" "benchmarks/results/runs/$name.json"
+    return 0
+}
+
+if [ "$PART" = 1 ]; then
+    # Every CUDA test must run: a skip (no data, no GPU) is a failure here.
+    check tests_cuda 300 env DISTSPLAT_FAIL_ON_SKIP=1 $PY -m pytest tests/cuda -v -rA -p no:cacheprovider \
+        --junitxml="$OUT/tests_cuda.xml"
+    note "  $(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$OUT/tests_cuda.log" | tail -n 1)"
+    check host_syncs 120 $PY benchmarks/count_syncs.py
+    note "  $(tail -n 1 "$OUT/host_syncs.log")"
+    # NCCL at W=1 (one GPU), then W=2 sharing the GPU over gloo (correctness only, not speed).
+    train nccl_w1 90 1 -- default --data_dir "$THERMOS" --data_factor 4 --max_steps 200 \
+        --eval_steps 200 --save_steps 200 --cache gpu
+    train shared_w2 120 2 DISTSPLAT_SHARED_GPU=1 -- default --data_dir "$THERMOS" --data_factor 4 \
+        --max_steps 200 --eval_steps 200 --save_steps 200 --cache decoded
+elif [ "$PART" = 2 ]; then
+    check vs_gsplat_synthetic 150 $PY benchmarks/bench_vs_gsplat.py
+    note "  $(tail -n 1 "$OUT/vs_gsplat_synthetic.log")"
+    STEPS="${STEPS:-2000}"
+    for strategy in default mcmc; do
+        train "${strategy}_thermos" 180 1 -- "$strategy" --data_dir "$THERMOS" --data_factor "${DATA_FACTOR:-1}" \
+            --max_steps "$STEPS" --eval_steps "$STEPS" --save_steps "$STEPS" --cache gpu
+    done
+else
+    echo "usage: bash scripts/gpu_validate.sh 1|2" >&2
+    exit 2
+fi
+
+tar -czf "$OUT/results.tgz" benchmarks/results 2>/dev/null
+note "part $PART done in $(( $(date +%s) - T0 )) s; $([ "$FAILED" = 0 ] && echo 'all checks passed' || echo 'SOME CHECKS FAILED')"
+exit "$FAILED"
