@@ -13,11 +13,13 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from . import staging
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,9 @@ logger = logging.getLogger(__name__)
 # minutes, not hold every GPU for gloo's 30-minute default.
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "DISTSPLAT_TIMEOUT_S"
+# W ranks on one GPU over gloo, every collective staged through pinned host memory
+# (staging.py): for correctness checks of the CUDA path on one lent GPU, never for speed.
+SHARED_GPU_ENV = "DISTSPLAT_SHARED_GPU"
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class DistContext:
     local_rank: int  # index of this process on its node (picks the GPU)
     device: torch.device  # where this rank's tensors live
     backend: Optional[str]  # 'nccl' or 'gloo'; None without a process group
+    shared_gpu: bool = False  # W ranks share one GPU over gloo (correctness checks only)
 
     def __post_init__(self) -> None:
         if not (0 <= self.rank < self.world_size):
@@ -65,15 +71,40 @@ def _env_int(name: str, default: Optional[int] = None) -> int:
         raise ValueError(f"environment variable {name} must be an int, got {value!r}") from None
 
 
+def _shared_gpu_flag(shared_gpu: Optional[bool]) -> bool:
+    if shared_gpu is not None:
+        return bool(shared_gpu)
+    value = os.environ.get(SHARED_GPU_ENV, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise ValueError(f"environment variable {SHARED_GPU_ENV} must be 1 (several ranks share one "
+                     f"GPU, for correctness checks) or 0, got {value!r}")
+
+
+def _local_ranks(local_rank: int) -> int:
+    """Ranks on this node: LOCAL_WORLD_SIZE (torchrun sets it), at least local_rank + 1."""
+    return max(_env_int("LOCAL_WORLD_SIZE", 0), local_rank + 1)
+
+
 def init_distributed(
     backend: Optional[str] = None,
     timeout_s: Optional[float] = None,
     device: Optional[torch.device] = None,
+    shared_gpu: Optional[bool] = None,
 ) -> DistContext:
-    """Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (set by torchrun)
-    and joins the default process group: 'nccl' when CUDA is available, 'gloo' otherwise
-    (`backend` overrides). Without WORLD_SIZE in the environment (plain `python`) it
-    returns a one-process context and creates no process group.
+    """Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    (set by torchrun) and joins the default process group: 'nccl' when CUDA is available,
+    'gloo' otherwise (`backend` overrides). Without WORLD_SIZE in the environment (plain
+    `python`) it returns a one-process context and creates no process group.
+
+    `shared_gpu` (default: $DISTSPLAT_SHARED_GPU == 1) puts every rank of the node on ONE
+    GPU, cuda:(local_rank % device_count), with a gloo group whose collectives are staged
+    through pinned host memory: for checking the CUDA path with W ranks on one GPU, e.g.
+    `DISTSPLAT_SHARED_GPU=1 torchrun --standalone --nproc_per_node=2 ...`; its speed must
+    never be reported. Without it, more ranks on a node than GPUs with nccl is a
+    ValueError raised before joining the group (NCCL refuses two ranks on one GPU).
 
     `timeout_s` bounds every collective (default: $DISTSPLAT_TIMEOUT_S or 600 s), so a
     rank that died or diverged turns into an error on its peers instead of a hang.
@@ -90,12 +121,18 @@ def init_distributed(
     rank = _env_int("RANK", 0)
     world_size = _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", 0)
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
-    if device is None:
-        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    shared = _shared_gpu_flag(shared_gpu)
+    if shared:
+        backend, device = _shared_gpu_layout(backend, device, local_rank)
+    else:
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+        if backend == "nccl":
+            _check_gpus_per_node(local_rank)
+        if device is None:
+            device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if dist.is_initialized():
@@ -105,16 +142,51 @@ def init_distributed(
             backend=backend, rank=rank, world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+    staging.set_shared_device(device if shared else None)
     ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank,
-                      device=device, backend=backend)
+                      device=device, backend=backend, shared_gpu=shared)
+    if shared and rank == 0:
+        logger.warning(
+            "shared-GPU mode (%s=1): %d ranks share %s over gloo, every collective staged "
+            "through host memory. For correctness checks only: never report its speed.",
+            SHARED_GPU_ENV, world_size, device)
     logger.info("joined process group: %s", ctx)
     return ctx
+
+
+def _check_gpus_per_node(local_rank: int) -> None:
+    n_local, n_gpus = _local_ranks(local_rank), torch.cuda.device_count()
+    if n_local > n_gpus:
+        raise ValueError(
+            f"{n_local} ranks on this node (LOCAL_WORLD_SIZE / LOCAL_RANK) but "
+            f"{n_gpus} CUDA devices visible, and NCCL refuses two ranks on one GPU. Launch at "
+            f"most {n_gpus} ranks per node (torchrun --nproc_per_node={max(n_gpus, 1)}), or, for "
+            f"correctness checks only, set {SHARED_GPU_ENV}=1 to run them all on one GPU over gloo"
+        )
+
+
+def _shared_gpu_layout(
+    backend: Optional[str], device: Optional[torch.device], local_rank: int
+) -> Tuple[str, torch.device]:
+    """(backend, device) of shared-GPU mode, or a ValueError saying why it cannot run."""
+    if backend not in (None, "gloo"):
+        raise ValueError(f"shared-GPU mode ({SHARED_GPU_ENV}=1) runs over gloo; got "
+                         f"backend={backend!r}. Unset {SHARED_GPU_ENV} to use {backend}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{SHARED_GPU_ENV}=1 shares one GPU between ranks, but no CUDA device "
+                         "is visible; unset it to run the ranks on the CPU")
+    if device is None:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    if device.type != "cuda":
+        raise ValueError(f"shared-GPU mode ({SHARED_GPU_ENV}=1) needs a CUDA device, got {device}")
+    return "gloo", device
 
 
 def destroy(ctx: Optional[DistContext] = None) -> None:
     """Leaves the process group (entry points call this in `finally`); no-op without one."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    staging.set_shared_device(None)
 
 
 def world_size(group: Optional[dist.ProcessGroup] = None) -> int:
@@ -132,9 +204,14 @@ def rank(group: Optional[dist.ProcessGroup] = None) -> int:
 
 
 def _all_reduce(x: Tensor, op: dist.ReduceOp, group: Optional[dist.ProcessGroup]) -> Tensor:
-    """Reduction of `x` over ranks as a new tensor (`x` is untouched); `x` itself at W=1."""
+    """Reduction of `x` over ranks as a new tensor (`x` is untouched); `x` itself at W=1.
+    Shared-GPU mode: reduced in host memory (one counted sync), back on x's device."""
     if world_size(group) == 1:
         return x
+    if staging.staged(group):
+        host = staging.to_host(x)
+        dist.all_reduce(host, op=op, group=group)
+        return staging.to_device(host, x.device)
     out = x.detach().clone()
     dist.all_reduce(out, op=op, group=group)
     return out
@@ -154,7 +231,12 @@ def broadcast(x: Tensor, src: int = 0, group: Optional[dist.ProcessGroup] = None
     """Rank `src`'s `x` on every rank, written into `x` in place and returned; `x`
     itself at W=1 (the viewer's per-poll message is the one user)."""
     if world_size(group) > 1:
-        dist.broadcast(x, src=src, group=group)
+        if staging.staged(group):  # shared-GPU mode: through host memory (one counted sync)
+            host = staging.to_host(x)
+            dist.broadcast(host, src=src, group=group)
+            x.copy_(host, non_blocking=True)  # pinned source: asynchronous
+        else:
+            dist.broadcast(x, src=src, group=group)
     return x
 
 

@@ -3,11 +3,14 @@
 DESIGN.md's step, seen from one rank: after projecting its Gaussians into every batch
 camera, a rank knows how many pairs it sends to each rank, but not how many it will
 receive. `exchange_counts` swaps those counts in ONE all-to-all of a tiny int64 matrix and
-brings it to the host in ONE transfer; the same matrix carries each rank's validation
+brings it to the host in ONE transfer (the one host sync this layer adds to a forward;
+in shared-GPU mode the transfer happens before the collective, which then runs on the
+host, so it is still one); the same matrix carries each rank's validation
 status, a checksum of its camera tensors and whether it will run backward, so that a bad
 input on one rank becomes the same error on every rank instead of a hang in the next
 collective. `all_to_all` then moves one packed float payload per direction, and its
-backward is the reverse all-to-all of the payload gradient (one collective).
+backward is the reverse all-to-all of the payload gradient (one collective; in shared-GPU
+mode each of the two is staged through host memory: one more sync each, see staging.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import staging
 from .context import world_size
 
 logger = logging.getLogger(__name__)
@@ -131,18 +135,43 @@ def exchange_counts(
     extra: Tensor,  # [E] int64 on the same device, brought to the host with the counts
     group: Optional[dist.ProcessGroup] = None,
 ) -> Counts:
-    """One all-to-all of the count matrix (none at W=1), then ONE device->host transfer of
-    (sent, received, extra) together."""
+    """One all-to-all of the count matrix (none at W=1) and ONE device->host transfer of
+    (sent, received, extra) together, counted in staging.host_syncs(). Shared-GPU mode
+    moves (sent, extra) to the host first and exchanges there: still one transfer."""
     W = send.shape[0]
-    if world_size(group) > 1:
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=group)
-    else:
-        recv = send
-    host = torch.cat([send.reshape(-1), recv.reshape(-1), extra]).tolist()
     n = W * N_COLUMNS
-    rows = lambda flat: [flat[i * N_COLUMNS:(i + 1) * N_COLUMNS] for i in range(W)]  # noqa: E731
-    return Counts(rows(host[:n]), rows(host[n:2 * n]), host[2 * n:])
+    if world_size(group) > 1 and staging.staged(group):
+        host = staging.to_host(torch.cat([send.reshape(-1), extra]))  # the one transfer
+        recv = torch.empty_like(host[:n])
+        dist.all_to_all_single(recv, host[:n], group=group)  # W rows of N_COLUMNS each
+        flat = torch.cat([host[:n], recv, host[n:]]).tolist()  # host memory: no sync
+    else:
+        if world_size(group) > 1:
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send, group=group)
+        else:
+            recv = send
+        staging.count_sync()
+        flat = torch.cat([send.reshape(-1), recv.reshape(-1), extra]).tolist()  # the one transfer
+    rows = lambda f: [f[i * N_COLUMNS:(i + 1) * N_COLUMNS] for i in range(W)]  # noqa: E731
+    return Counts(rows(flat[:n]), rows(flat[n:2 * n]), flat[2 * n:])
+
+
+def _exchange_rows(x: Tensor, in_splits: List[int], out_splits: List[int],
+                   group: Optional[dist.ProcessGroup]) -> Tensor:
+    """[sum(in_splits), ...] rows out by in_splits, [sum(out_splits), ...] rows in: one
+    collective, through host memory in shared-GPU mode (one counted sync)."""
+    shape = (sum(out_splits),) + tuple(x.shape[1:])
+    if not staging.staged(group):
+        out = x.new_empty(shape)
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits,
+                               input_split_sizes=in_splits, group=group)
+        return out
+    src = staging.to_host(x.contiguous())
+    out = staging.host_empty(shape, x.dtype, x.device)
+    dist.all_to_all_single(out, src, output_split_sizes=out_splits,
+                           input_split_sizes=in_splits, group=group)
+    return staging.to_device(out, x.device)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -152,18 +181,12 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, payload: Tensor, send_splits: List[int], recv_splits: List[int], group):
         ctx.splits, ctx.group = (send_splits, recv_splits), group
-        out = payload.new_empty((sum(recv_splits),) + tuple(payload.shape[1:]))  # [M_recv, F]
-        dist.all_to_all_single(out, payload.contiguous(), output_split_sizes=recv_splits,
-                               input_split_sizes=send_splits, group=group)
-        return out
+        return _exchange_rows(payload, send_splits, recv_splits, group)  # [M_recv, F]
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         send_splits, recv_splits = ctx.splits
-        grad_in = grad_out.new_empty((sum(send_splits),) + tuple(grad_out.shape[1:]))  # [M, F]
-        dist.all_to_all_single(grad_in, grad_out.contiguous(), output_split_sizes=send_splits,
-                               input_split_sizes=recv_splits, group=ctx.group)
-        return grad_in, None, None, None
+        return _exchange_rows(grad_out, recv_splits, send_splits, ctx.group), None, None, None  # [M, F]
 
 
 def all_to_all(
@@ -179,10 +202,14 @@ def all_to_all(
 
 
 def comm_device(group: Optional[dist.ProcessGroup], fallback: torch.device) -> torch.device:
-    """Where collectives of `group` need their tensors: CUDA for nccl, CPU for gloo;
-    `fallback` without a process group."""
+    """Where the tensors of `group`'s collectives live: CUDA for nccl, CPU for gloo, the
+    shared GPU in shared-GPU mode (collectives staged through the host); `fallback`
+    without a process group."""
     if world_size(group) == 1:
         return fallback
+    shared = staging.shared_device()
+    if shared is not None and dist.get_backend(group) == "gloo":
+        return shared
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -29,7 +29,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .context import DistContext, world_size
+from .context import DistContext, all_reduce_sum, broadcast, world_size
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def raise_together(ctx: DistContext, error: Optional[BaseException], what: str =
     kinds = torch.zeros(W, dtype=torch.int64, device=ctx.device)  # [W]
     if error is not None:
         kinds[ctx.rank] = BAD_INPUT if isinstance(error, ValueError) else OTHER
-    dist.all_reduce(kinds)
-    kinds = kinds.tolist()
+    kinds = all_reduce_sum(kinds).tolist()  # the helpers stage it in shared-GPU mode
     failed = [r for r, k in enumerate(kinds) if k]
     if not failed:
         return
@@ -73,7 +72,7 @@ def raise_together(ctx: DistContext, error: Optional[BaseException], what: str =
         text = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
         raw = (text or type(error).__name__).encode("utf-8", "replace")[:MESSAGE_BYTES]
         buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    dist.broadcast(buf, src=first)
+    broadcast(buf, src=first)
     message = bytes(buf.cpu().numpy()).rstrip(b"\0").decode("utf-8", "replace")
     all_bad_input = all(kinds[r] == BAD_INPUT for r in failed)
     if all_bad_input:

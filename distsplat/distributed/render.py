@@ -6,6 +6,17 @@
       -> one packed float payload per direction: 1 collective (backward: 1, reversed)
       -> rasterize this rank's own cameras (render stage b) from the pairs it received
 
+Host syncs: this layer adds exactly ONE device->host sync per forward (the count
+transfer) and none in backward, and no pageable host->device copy: the own-camera
+indices are built on the device from the owners it already holds. The render stages have
+their own: with backend gsplat (packed), gsplat 1.5.3's packed projection reads its pair
+count (`projection_ewa_3dgs_packed_fwd`, csrc/Projection.cpp: `block_accum[-1].item()`)
+and `isect_tiles` its intersection count (`intersect_tile`, csrc/Intersect.cpp:
+`cum_tiles_per_gauss[-1].item()`), one sync each, skipped when there is nothing to
+project or intersect. Shared-GPU mode (staging.py) adds one sync per staged payload
+all-to-all (forward and backward) at W > 1. meta["comm"]["host_syncs"] counts this
+layer's syncs of the forward call (staging.host_syncs()).
+
 Validation happens on every rank before the first collective, but nothing is raised
 until every rank has seen every rank's status in the count exchange: a bad input on one
 rank becomes the same error on all ranks, never a hang in the next collective.
@@ -23,6 +34,7 @@ from torch import Tensor
 
 from ..render import Pairs, check_inputs, make_meta, project, rasterize_pairs
 from . import exchange as ex
+from . import staging
 from .context import rank as get_rank
 from .context import world_size as get_world_size
 
@@ -65,7 +77,8 @@ def _validate(
                          f"{means.device}; pass it on the same device or on the CPU")
     if means.device != device:
         raise ValueError(f"{FN}: `means` is on {means.device} but the process group exchanges "
-                         f"tensors on {device} (nccl: CUDA, gloo: CPU)")
+                         f"tensors on {device} (nccl: this rank's GPU, gloo: CPU, shared-GPU "
+                         "mode: the shared GPU); put the Gaussians on ctx.device")
     if C > FLOAT_EXACT_INT:
         raise ValueError(f"{FN}: `viewmats` holds {C} cameras, more than one batch can carry")
     return resolved
@@ -112,11 +125,8 @@ def _device_status(
     """int64 scalar on the device: NONFINITE with a bitmask of the arguments holding
     NaN/Inf, else OWNER_RANGE, else OK. No host sync."""
     device = owner.device
-    status = torch.where(
-        ((owner < 0) | (owner >= W)).any(),
-        torch.tensor(ex.encode(ex.OWNER_RANGE), device=device),
-        torch.tensor(ex.OK, device=device),
-    )
+    # Python scalars, not torch.tensor(..., device): that would be a host->device copy.
+    status = ((owner < 0) | (owner >= W)).any().long() * ex.encode(ex.OWNER_RANGE)  # OK = 0
     if check_finite:
         bits = torch.stack([
             (~torch.isfinite(t).all()).long() << ex.FINITE_ARGS.index(name) for name, t in named
@@ -201,6 +211,7 @@ def distributed_rasterize(
     batch (e.g. sum over own cameras / C), since the ranks' gradients add up.
     """
     W, me = get_world_size(group), get_rank(group)
+    syncs_before = staging.host_syncs()
     opts = dict(_RENDER_DEFAULTS)
     opts.update(render_kwargs)
     local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
@@ -215,15 +226,18 @@ def distributed_rasterize(
 
     send_splits, recv_splits = host.send_splits, host.recv_splits
     received = ex.all_to_all(local.payload, send_splits, recv_splits, group)  # [M_recv, F]
-    own = [c for c, o in enumerate(host.extra) if o == me]  # batch positions, in order
-    own_idx = torch.tensor(own, dtype=torch.int64, device=means.device)  # [C_own]
+    n_own = sum(1 for o in host.extra if o == me)
+    # Batch positions of the own cameras, in order, built on the device from the owners
+    # already there (a stable sort puts them first): no host->device copy, no sync.
+    own_idx = torch.argsort((local.owner != me).long(), stable=True)[:n_own]  # [C_own]
     render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
                                                local.backend, opts)
 
     meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
     meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
     F, itemsize = local.payload.shape[1], local.payload.element_size()
-    meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, local.needs_grad)
+    meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, local.needs_grad,
+                               staging.host_syncs() - syncs_before, staging.staged(group))
     return render_colors, render_alphas, meta
 
 
@@ -268,7 +282,8 @@ def _prepare(
     except ValueError as e:
         return failed(ex.encode(ex.INVALID, ex.argument_index(str(e))), e)
     try:
-        owner = camera_owner.to(device=device, dtype=torch.int64)  # [C]
+        # non_blocking: a CPU camera_owner (allowed) is copied without a stream sync.
+        owner = camera_owner.to(device=device, dtype=torch.int64, non_blocking=True)  # [C]
         finite_args = (means, quats, scales, opacities, colors, viewmats, Ks, opts["backgrounds"])
         status = _device_status(
             [(n, t) for n, t in zip(ex.FINITE_ARGS, finite_args) if t is not None],
@@ -317,16 +332,19 @@ def _render_own(
 
 
 def _comm_stats(send_splits: List[int], recv_splits: List[int], me: int, W: int, F: int,
-                itemsize: int, needs_grad: bool) -> Dict[str, int]:
+                itemsize: int, needs_grad: bool, host_syncs: int, staged: bool) -> Dict[str, int]:
     """What this call moved (the own-rank share of the all-to-all is a local copy, not
-    counted as sent). Backward adds `backward_collectives` and the same bytes reversed."""
+    counted as sent). Backward adds `backward_collectives` and the same bytes reversed,
+    and `backward_host_syncs` (1 for the staged reverse all-to-all in shared-GPU mode)."""
+    backward = 1 if W > 1 and needs_grad else 0
     pairs_sent = sum(send_splits) - send_splits[me]
     pairs_received = sum(recv_splits) - recv_splits[me]
     count_bytes = (W - 1) * ex.N_COLUMNS * 8
     return {
         "collectives": 2 if W > 1 else 0,
-        "host_syncs": 1,
-        "backward_collectives": 1 if W > 1 and needs_grad else 0,
+        "host_syncs": host_syncs,
+        "backward_collectives": backward,
+        "backward_host_syncs": backward if staged else 0,
         "payload_fields": F,
         "bytes_per_pair": F * itemsize,
         "pairs_projected": sum(send_splits),
