@@ -30,6 +30,7 @@ TIMEOUT_ENV = "DISTSPLAT_TIMEOUT_S"
 # W ranks on one GPU over gloo, every collective staged through pinned host memory
 # (staging.py): for correctness checks of the CUDA path on one lent GPU, never for speed.
 SHARED_GPU_ENV = "DISTSPLAT_SHARED_GPU"
+_shared_gpu_warned = False  # its warning is logged once per process
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,9 @@ def init_distributed(
     staging.set_shared_device(device if shared else None)
     ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank,
                       device=device, backend=backend, shared_gpu=shared)
-    if shared and rank == 0:
+    global _shared_gpu_warned
+    if shared and rank == 0 and not _shared_gpu_warned:
+        _shared_gpu_warned = True
         logger.warning(
             "shared-GPU mode (%s=1): %d ranks share %s over gloo, every collective staged "
             "through host memory. For correctness checks only: never report its speed.",

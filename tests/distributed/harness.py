@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 def _entry(rank: int, world_size: int, port: int, worker: str, args: tuple, out_dir: str,
-           sys_path: List[str]) -> None:
+           sys_path: List[str], shared_gpu: bool = False) -> None:
     os.environ.update({
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
         "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
@@ -58,7 +58,7 @@ def _entry(rank: int, world_size: int, port: int, worker: str, args: tuple, out_
         from distsplat.distributed import destroy, init_distributed
 
         module, fn = worker.split(":")
-        ctx = init_distributed(backend="gloo")
+        ctx = init_distributed(backend="gloo", shared_gpu=shared_gpu)
         result = getattr(importlib.import_module(module), fn)(ctx, *args)
         torch.save({"ok": True, "result": result}, out)
     except BaseException:  # noqa: BLE001 - reported to the parent with the rank
@@ -69,17 +69,19 @@ def _entry(rank: int, world_size: int, port: int, worker: str, args: tuple, out_
 
 
 def run_workers(worker: str, world_size: int, *args: Any,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> List[Any]:
+                timeout_s: float = DEFAULT_TIMEOUT_S, shared_gpu: bool = False) -> List[Any]:
     """Runs `worker` ("module:function", module importable from tests/distributed) on
-    `world_size` gloo ranks; returns [result of rank 0, ..., rank W-1]."""
+    `world_size` gloo ranks; returns [result of rank 0, ..., rank W-1]. `shared_gpu`
+    puts every rank on one GPU in shared-GPU mode (tests/cuda); the forkserver never
+    touches CUDA, so its children may."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "distsplat.distributed", "distsplat.render"])
     sys_path = [str(HERE)] + sys.path
     with tempfile.TemporaryDirectory(prefix="distsplat-test-") as out_dir:
         port = free_port()
         procs = [
-            ctx.Process(target=_entry, args=(r, world_size, port, worker, args, out_dir, sys_path),
-                        daemon=True)
+            ctx.Process(target=_entry, daemon=True,
+                        args=(r, world_size, port, worker, args, out_dir, sys_path, shared_gpu))
             for r in range(world_size)
         ]
         for p in procs:

@@ -118,16 +118,18 @@ def weighted_loss(colors: Tensor, alphas: Tensor, cameras: Tensor, seed: int) ->
 
 
 def dense_means2d_grad(meta: Dict[str, Any], n_all: int, offset: int, C: int) -> Tensor:
-    """meta's means2d.grad as [C, n_all, 2] in global Gaussian ids (zeros elsewhere)."""
+    """meta's means2d.grad as [C, n_all, 2] in global Gaussian ids (zeros elsewhere), on
+    the CPU (meta may live on a GPU)."""
     grad = meta["means2d"].grad
     if grad is None:
         grad = torch.zeros_like(meta["means2d"])
+    grad = grad.detach().cpu()
     if not meta["packed"]:
         out = torch.zeros(C, n_all, 2, dtype=grad.dtype)
         out[:, offset:offset + grad.shape[1]] = grad
         return out
     out = torch.zeros(C, n_all, 2, dtype=grad.dtype)
-    out[meta["camera_ids"], meta["gaussian_ids"] + offset] = grad
+    out[meta["camera_ids"].cpu(), meta["gaussian_ids"].cpu() + offset] = grad
     return out
 
 
