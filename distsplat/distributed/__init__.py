@@ -5,6 +5,8 @@
     chunk_bounds / local_chunk       contiguous Gaussian chunks
     distributed_rasterize            project -> packed all-to-all -> rasterize own cameras
     raise_together / describe_failure  agree on setup errors; name the rank that failed
+    staging                          shared-GPU mode (DISTSPLAT_SHARED_GPU=1: W ranks on one
+                                     GPU over gloo, correctness only) and the host-sync count
 """
 
 from .batcher import CameraBatch, CameraBatcher
@@ -23,6 +25,7 @@ from .context import (
 from .failures import PeerFailure, describe_failure, is_peer_failure, raise_together, record_for_launcher
 from .partition import chunk_bounds, gather_counts, local_chunk, move_rows
 from .render import distributed_rasterize
+from . import staging  # noqa: E402  (a module, for staging.host_syncs())
 
 __all__ = [
     "CameraBatch", "CameraBatcher", "DistContext", "all_reduce_max", "all_reduce_sum",
