@@ -159,11 +159,14 @@ def init_distributed(
 
 def _check_gpus_per_node(local_rank: int) -> None:
     n_local, n_gpus = _local_ranks(local_rank), torch.cuda.device_count()
+    if n_gpus == 0:
+        raise ValueError("backend 'nccl' needs CUDA devices and none is visible; use backend "
+                         "'gloo' (the default without CUDA)")
     if n_local > n_gpus:
         raise ValueError(
             f"{n_local} ranks on this node (LOCAL_WORLD_SIZE / LOCAL_RANK) but "
             f"{n_gpus} CUDA devices visible, and NCCL refuses two ranks on one GPU. Launch at "
-            f"most {n_gpus} ranks per node (torchrun --nproc_per_node={max(n_gpus, 1)}), or, for "
+            f"most {n_gpus} ranks per node (torchrun --nproc_per_node={n_gpus}), or, for "
             f"correctness checks only, set {SHARED_GPU_ENV}=1 to run them all on one GPU over gloo"
         )
 

@@ -9,13 +9,16 @@
 Host syncs: this layer adds exactly ONE device->host sync per forward (the count
 transfer) and none in backward, and no pageable host->device copy: the own-camera
 indices are built on the device from the owners it already holds. The render stages have
-their own: with backend gsplat (packed), gsplat 1.5.3's packed projection reads its pair
-count (`projection_ewa_3dgs_packed_fwd`, csrc/Projection.cpp: `block_accum[-1].item()`)
-and `isect_tiles` its intersection count (`intersect_tile`, csrc/Intersect.cpp:
-`cum_tiles_per_gauss[-1].item()`), one sync each, skipped when there is nothing to
-project or intersect. Shared-GPU mode (staging.py) adds one sync per staged payload
-all-to-all (forward and backward) at W > 1. meta["comm"]["host_syncs"] counts this
-layer's syncs of the forward call (staging.host_syncs()).
+their own; with backend gsplat and packed=True, two per forward, both in gsplat 1.5.3's
+C++ behind its _wrapper.py: `fully_fused_projection(packed=True)` ->
+`_FullyFusedProjectionPacked.forward` -> `projection_ewa_3dgs_packed_fwd`
+(csrc/Projection.cpp: `block_accum[-1].item<int32_t>()`, the pair count) and
+`isect_tiles` -> `intersect_tile` (csrc/Intersect.cpp: `cum_tiles_per_gauss[-1].item<int64_t>()`,
+the intersection count), each skipped when there is nothing to project or intersect.
+(packed=False: the dense projection has none, the render layer's `nonzero` has one.)
+Shared-GPU mode (staging.py) adds one sync per staged payload all-to-all, forward and
+backward, at W > 1. meta["comm"]["host_syncs"] counts this layer's syncs of the forward
+call (staging.host_syncs()); a `camera_owner` passed on the CPU is copied without one.
 
 Validation happens on every rank before the first collective, but nothing is raised
 until every rank has seen every rank's status in the count exchange: a bad input on one
