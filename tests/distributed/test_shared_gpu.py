@@ -145,6 +145,7 @@ def test_shared_gpu_mode_spreads_over_visible_gpus_and_logs_on_rank_0_only(fake_
     (0, {}, "1", ["no CUDA device", "DISTSPLAT_SHARED_GPU"]),
     (1, {"backend": "nccl"}, "1", ["runs over gloo", "backend='nccl'"]),
     (1, {}, "yes", ["DISTSPLAT_SHARED_GPU must be 1", "'yes'"]),
+    (0, {"backend": "nccl"}, "0", ["'nccl' needs CUDA devices", "'gloo'"]),
 ])
 def test_shared_gpu_mode_bad_setups(fake_node, monkeypatch, gpus, kwargs, env, words):
     calls = fake_node(rank=0, local_rank=0, local_world=2, world=2, gpus=gpus)
