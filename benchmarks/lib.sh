@@ -20,6 +20,11 @@ train_scenes() {
     local strategy="$1" out="$2"
     shift 2
     local scene run data_args start end rc
+    # On a GPU, load (prebuilt, $DISTSPLAT_GSPLAT_EXT) or JIT-build gsplat's CUDA ops once here,
+    # so the torchrun ranks below find them instead of compiling concurrently.
+    if python3 -c 'import torch; print(torch.cuda.is_available())' 2>/dev/null | grep -qx True; then
+        python3 -m distsplat.render.gsplat_ext || { echo "=== gsplat's CUDA ops unavailable; not training"; FAILED=1; return 1; }
+    fi
     for scene in "$@"; do
         run="$out/$scene"
         if [ "$scene" = "builtin" ]; then
