@@ -176,6 +176,7 @@ def main() -> int:
     failed = [f["file"] for f in files if f["status"] != "compiled"]
     so_name = f"{EXT_NAME}.{args.python_tag}.so"
     link = {"status": "skipped (compile failures)"} if failed else {}
+    info: dict = {}
     so_path = args.out / so_name
     if not failed:
         lib_dir = torch_dir / "lib"
@@ -209,6 +210,10 @@ def main() -> int:
                 "arch_list": [f"{args.arch[:-1]}.{args.arch[-1]}"],
                 "gsplat_version": gs_version, "nvcc": nvcc_version(nvcc),
                 "source_edits": edits,
+                # gpu_prepare.sh rebuilds when the build scripts changed since.
+                "builder_sha256": hashlib.sha256(b"".join(
+                    (Path(__file__).parent / n).read_bytes()
+                    for n in ("build_gsplat_ext.sh", "build_gsplat_ext.py"))).hexdigest(),
                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             }
             (args.out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -239,7 +244,7 @@ def main() -> int:
     # Keep a load test recorded by an earlier run (load_test_gsplat_ext.py adds it).
     if args.results.exists():
         old = json.loads(args.results.read_text())
-        if "load_test" in old and link.get("status") == "linked":
+        if old.get("load_test", {}).get("sha256") == info.get("sha256") and link.get("status") == "linked":
             result["load_test"] = old["load_test"]
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")

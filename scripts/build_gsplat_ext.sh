@@ -36,6 +36,9 @@ die() { echo "build_gsplat_ext.sh: $*" >&2; exit 1; }
 command -v unzip >/dev/null || die "unzip not found (apt-get install unzip)"
 
 mkdir -p "$CACHE/wheels"
+# One build at a time (gpu_prepare.sh may start one while another runs).
+exec 9>"$CACHE/build.lock"
+flock -n 9 || die "another build holds $CACHE/build.lock; wait for it"
 # Same platform tags as the device recipe (/work/.library/device/README.md).
 PIP_DL=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Prepares, on a machine WITHOUT a GPU, everything a lent GPU machine needs beside the repo
+# (it is bare at every start, has no internet, and receives only the repo plus the
+# git-ignored folders a call names, 64 MiB in all):
+#   .whl/         wheels the device image lacks (cp312, manylinux x86_64, --no-deps)
+#   .gpu_data/    what the CUDA tests and GPU benchmarks read (test_garden.npz, thermos)
+#   .gsplat_ext/  gsplat's CUDA extension built ahead of time (scripts/build_gsplat_ext.sh)
+# and prints the size of what travels; fails when it is over 64 MiB. Idempotent: what is
+# present and current is kept.
+#
+# On the device:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+#   export DISTSPLAT_GSPLAT_EXT=$PWD/.gsplat_ext DISTSPLAT_DATA=$PWD/.gpu_data
+#   python3 -m distsplat.render.gsplat_ext        # loads the prebuilt ops once
+# with carry: [".whl", ".gpu_data", ".gsplat_ext"].
+#
+# Environment (defaults): SHARED_DATA (/work/shared/data), PY312 (/root/.pyenv/versions/3.12.1,
+# used to test the install), SKIP_INSTALL_TEST (0), LIMIT_MIB (64), NO_BUILD (0: build the
+# extension when missing or stale).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+SHARED_DATA="${SHARED_DATA:-/work/shared/data}"
+PY312="${PY312:-/root/.pyenv/versions/3.12.1}"
+LIMIT_MIB="${LIMIT_MIB:-64}"
+CARRY=(.whl .gpu_data .gsplat_ext)
+
+die() { echo "gpu_prepare.sh: $*" >&2; exit 1; }
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+bytes_of() { # total bytes of the files under the given paths (missing ones count 0)
+    find "$@" -type f -printf '%s\n' 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'
+}
+
+# ---------------------------------------------------------------------------------------
+# 1. Wheels. The device image (/work/.library/device/KINDS.md) has torch 2.11, numpy,
+#    scipy, pillow, tqdm, rich, requests, imageio, jaxtyping, ninja, pytest, matplotlib.
+#    Missing: gsplat and what tyro, viser and plyfile need (checked with
+#    `unzip -p W '*/METADATA' | grep ^Requires-Dist`). Versions are the ones the CPU CI
+#    machine runs. Left out: pycolmap and selenium (dev extras; their tests skip without
+#    them and need no GPU).
+WHEELS=(
+    gsplat==1.5.3               # needs jaxtyping, ninja, numpy, rich, torch: on the device
+    tyro==1.0.17                # needs docstring-parser, typeguard, typing-extensions
+    docstring-parser==0.18.0
+    typeguard==4.6.0            # needs typing-extensions
+    typing-extensions==4.15.0   # typeguard 4.6 / tyro 1.0 want a recent one; the device's version is unknown
+    viser==1.1.1                # needs imageio numpy requests rich tqdm (device) + msgspec trimesh websockets zstandard
+    msgspec==0.22.0
+    trimesh==5.2.0              # needs numpy
+    websockets==16.1.1
+    zstandard==0.25.0
+    plyfile==1.1.5              # needs numpy
+)
+PIP_DL=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+mkdir -p .whl
+wanted_files=()
+for spec in "${WHEELS[@]}"; do
+    name=${spec%%==*}; ver=${spec##*==}
+    norm=$(echo "$name" | tr 'A-Z-' 'a-z_')
+    have=$(find .whl -maxdepth 1 -iname "${norm}-${ver}-*.whl" | head -1)
+    if [ -z "$have" ]; then
+        echo "== downloading $spec"
+        "${PIP_DL[@]}" -d .whl "$spec" 2>&1 | grep -v "^WARNING: Location" || true
+        have=$(find .whl -maxdepth 1 -iname "${norm}-${ver}-*.whl" | head -1)
+        [ -n "$have" ] || die "no cp312 manylinux x86_64 wheel found for $spec"
+    fi
+    wanted_files+=("$(basename "$have")")
+done
+# One version of each: any other wheel in .whl would make the device's install fail.
+for f in .whl/*.whl; do
+    keep=0
+    for w in "${wanted_files[@]}"; do [ "$(basename "$f")" = "$w" ] && keep=1; done
+    if [ $keep = 0 ]; then echo "== removing $f (not in the list)"; rm -f "$f"; fi
+done
+
+# ---------------------------------------------------------------------------------------
+# 2. Data: test_garden.npz (tests/cuda) and the thermos scene (GPU benchmarks).
+[ -f "$SHARED_DATA/test_garden.npz" ] || die "$SHARED_DATA/test_garden.npz not found; set SHARED_DATA"
+[ -d "$SHARED_DATA/thermos" ] || die "$SHARED_DATA/thermos not found; set SHARED_DATA"
+mkdir -p .gpu_data/thermos
+cp -u "$SHARED_DATA"/test_garden.* .gpu_data/
+# The downscaled images, the COLMAP model and the split lists are what --data_factor 2 reads.
+for p in images_2 sparse train.txt test.txt SOURCE.md; do
+    cp -ru "$SHARED_DATA/thermos/$p" .gpu_data/thermos/
+done
+
+# ---------------------------------------------------------------------------------------
+# 3. gsplat's extension, rebuilt when missing or stale (other torch/gsplat, changed builder,
+#    a .so that no longer matches its sha256).
+ext_current() {
+    python3 - <<'EOF'
+import hashlib, json, pathlib, sys
+d = pathlib.Path(".gsplat_ext")
+try:
+    info = json.loads((d / "build_info.json").read_text())
+    so = d / info["file"]
+    ok = (info["torch_version"] == "2.11.0+cu130" and info["gsplat_version"] == "1.5.3"
+          and hashlib.sha256(so.read_bytes()).hexdigest() == info["sha256"])
+    builder = hashlib.sha256(b"".join(pathlib.Path(p).read_bytes() for p in
+                            ("scripts/build_gsplat_ext.sh", "scripts/build_gsplat_ext.py"))).hexdigest()
+    ok = ok and info.get("builder_sha256") == builder
+except (OSError, KeyError, ValueError):
+    ok = False
+sys.exit(0 if ok else 1)
+EOF
+}
+if ext_current; then
+    echo "== .gsplat_ext is current ($(python3 -c 'import json; print(json.load(open(".gsplat_ext/build_info.json"))["file"])'))"
+elif [ "${NO_BUILD:-0}" = 1 ]; then
+    echo "== .gsplat_ext missing or stale; NO_BUILD=1: not building"
+else
+    echo "== building gsplat's CUDA extension (scripts/build_gsplat_ext.sh; ~20-40 min on one core)"
+    scripts/build_gsplat_ext.sh
+fi
+
+# ---------------------------------------------------------------------------------------
+# 4. What travels: tracked + untracked-not-ignored files (+ shared/ if the checkout has
+#    one) + the carried folders.
+repo_bytes() {
+    git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'
+}
+travel_bytes() { echo $(($(repo_bytes) + $(bytes_of "${CARRY[@]}"))); }
+
+# The full-resolution thermos images (~17 MB) travel only when they fit; otherwise runs
+# use --data_factor 2 (images_2).
+img=$(bytes_of "$SHARED_DATA/thermos/images")
+base=$(($(travel_bytes) - $(bytes_of .gpu_data/thermos/images)))
+if [ $((base + img)) -lt $(((LIMIT_MIB - 2) * 1048576)) ]; then
+    cp -ru "$SHARED_DATA/thermos/images" .gpu_data/thermos/
+else
+    rm -rf .gpu_data/thermos/images
+    echo "== thermos/images (full resolution, $(mib "$img")) left out: over the budget; use --data_factor 2"
+fi
+
+echo "== what travels (limit $LIMIT_MIB MiB):"
+printf '   %-12s %s\n' "repo" "$(mib "$(repo_bytes)") ($(git ls-files -co --exclude-standard | wc -l) files)"
+for d in "${CARRY[@]}"; do printf '   %-12s %s\n' "$d" "$(mib "$(bytes_of "$d")")"; done
+total=$(travel_bytes)
+printf '   %-12s %s\n' "total" "$(mib "$total")"
+[ "$total" -le $((LIMIT_MIB * 1048576)) ] \
+    || die "what travels is $(mib "$total"), over $LIMIT_MIB MiB: leave wheels or data out, or carry fewer folders"
+
+# ---------------------------------------------------------------------------------------
+# 5. The device's install command, tried here with CPython 3.12 (everything but torch).
+# Stand-ins for what the device image already has (never carried), so that viser, tyro
+# and plyfile import here as they will there.
+STAND_INS=(numpy==2.4.6 rich==14.3.4 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.20.0 requests==2.34.2
+           urllib3==2.7.0 idna==3.13 certifi==2026.5.20 charset-normalizer==3.4.7 imageio==2.38.1
+           pillow==13.0.0 tqdm==4.70.1)
+if [ "${SKIP_INSTALL_TEST:-0}" != 1 ] && [ -x "$PY312/bin/python3" ]; then
+    cache="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/device-stand-ins"
+    mkdir -p "$cache"
+    if [ ! -f "$cache/.done" ]; then
+        "${PIP_DL[@]}" -d "$cache" "${STAND_INS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+        touch "$cache/.done"
+    fi
+    site=$(mktemp -d /tmp/gpu_prepare_site.XXXXXX)
+    quiet() { grep -v "^WARNING: Location\|WARNING: Running pip as\|pip version\|pip install --upgrade" || true; }
+    "$PY312/bin/python3" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+        "$cache"/*.whl 2>&1 | quiet
+    # The device's own command, unchanged.
+    "$PY312/bin/python3" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" .whl/*.whl 2>&1 | quiet
+    PYTHONPATH="$site" "$PY312/bin/python3" -c "
+import tyro, viser, plyfile, trimesh, websockets, zstandard, msgspec
+print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version__, 'viser', viser.__version__,
+      'plyfile trimesh websockets zstandard msgspec')" || die "the carried wheels do not import on Python 3.12"
+    rm -rf "$site"
+fi
+echo "== ready. Device command prefix:"
+echo "   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:\$PWD DISTSPLAT_GSPLAT_EXT=\$PWD/.gsplat_ext DISTSPLAT_DATA=\$PWD/.gpu_data"
