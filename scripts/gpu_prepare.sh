@@ -17,7 +17,8 @@
 #
 # Environment (defaults): SHARED_DATA (/work/shared/data), PY312 (/root/.pyenv/versions/3.12.1,
 # used to test the install), SKIP_INSTALL_TEST (0), LIMIT_MIB (64), NO_BUILD (0: build the
-# extension when missing or stale).
+# extension when missing or stale), MAKE_TORCH312_SITE (0; 1: install torch 2.11.0+cu130 for
+# Python 3.12 into the cache so the extension's load test can run here).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -87,6 +88,9 @@ cp -u "$SHARED_DATA"/test_garden.* .gpu_data/
 for p in images_2 sparse train.txt test.txt SOURCE.md; do
     cp -ru "$SHARED_DATA/thermos/$p" .gpu_data/thermos/
 done
+# The commit the results will be credited to (scripts/gpu_validate.sh reads it; .git does
+# not travel). "-dirty" when the working tree has uncommitted changes.
+echo "$(git rev-parse HEAD)$(git diff --quiet HEAD 2>/dev/null || echo -dirty)" > .gpu_data/COMMIT
 
 # ---------------------------------------------------------------------------------------
 # 3. gsplat's extension, rebuilt when missing or stale (other torch/gsplat, changed builder,
@@ -150,13 +154,13 @@ printf '   %-12s %s\n' "total" "$(mib "$total")"
 # and plyfile import here as they will there.
 STAND_INS=(numpy==2.4.6 rich==14.3.4 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.20.0 requests==2.34.2
            urllib3==2.7.0 idna==3.13 certifi==2026.5.20 charset-normalizer==3.4.7 imageio==2.38.1
-           pillow==13.0.0 tqdm==4.70.1)
+           pillow==13.0.0 tqdm==4.70.1 jaxtyping==0.3.11 wadler-lindig==0.1.8)
 if [ "${SKIP_INSTALL_TEST:-0}" != 1 ] && [ -x "$PY312/bin/python3" ]; then
     cache="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/device-stand-ins"
     mkdir -p "$cache"
-    if [ ! -f "$cache/.done" ]; then
+    if [ ! -f "$cache/.done-${#STAND_INS[@]}" ]; then
         "${PIP_DL[@]}" -d "$cache" "${STAND_INS[@]}" 2>&1 | grep -v "^WARNING: Location" || true
-        touch "$cache/.done"
+        touch "$cache/.done-${#STAND_INS[@]}"
     fi
     site=$(mktemp -d /tmp/gpu_prepare_site.XXXXXX)
     quiet() { grep -v "^WARNING: Location\|WARNING: Running pip as\|pip version\|pip install --upgrade" || true; }
@@ -169,6 +173,23 @@ if [ "${SKIP_INSTALL_TEST:-0}" != 1 ] && [ -x "$PY312/bin/python3" ]; then
 import tyro, viser, plyfile, trimesh, websockets, zstandard, msgspec
 print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version__, 'viser', viser.__version__,
       'plyfile trimesh websockets zstandard msgspec')" || die "the carried wheels do not import on Python 3.12"
+    # With a CPython 3.12 torch 2.11.0+cu130 (importing it needs no GPU): gsplat imports, and
+    # the prebuilt extension loads through distsplat's gsplat_ext as on the device
+    # (scripts/load_test_gsplat_ext.py; recorded in benchmarks/results/gsplat_compile_sm90.json).
+    torch_site="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/py312-torch-site"
+    if [ "${MAKE_TORCH312_SITE:-0}" = 1 ] && [ ! -d "$torch_site/torch" ]; then
+        echo "== installing torch==2.11.0 and its CUDA libraries for Python 3.12 into $torch_site (~2.6 GB)"
+        "$PY312/bin/python3" -m pip install -q --no-cache-dir --no-compile --target "$torch_site" torch==2.11.0 2>&1 | quiet
+    fi
+    if [ -d "$torch_site/torch" ] && [ -f .gsplat_ext/build_info.json ]; then
+        PYTHONPATH="$site:$torch_site:$REPO_ROOT" "$PY312/bin/python3" -c "import gsplat; print('   gsplat', gsplat.__version__, 'imports on Python 3.12')" \
+            || die "gsplat does not import on Python 3.12 from the carried wheels"
+        PYTHONPATH="$site:$torch_site:$REPO_ROOT" "$PY312/bin/python3" scripts/load_test_gsplat_ext.py --if-needed > /tmp/gpu_prepare_load_test.log 2>&1 \
+            && echo "   the prebuilt extension loads on Python 3.12 + torch 2.11.0+cu130: $(tail -n 1 /tmp/gpu_prepare_load_test.log | cut -c1-60)..." \
+            || { cat /tmp/gpu_prepare_load_test.log; die "the prebuilt extension did not load (see above)"; }
+    else
+        echo "   (no Python 3.12 torch at $torch_site: gsplat import and the extension's load test skipped; MAKE_TORCH312_SITE=1 makes one)"
+    fi
     rm -rf "$site"
 fi
 echo "== ready. Device command prefix:"
