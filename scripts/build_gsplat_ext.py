@@ -199,7 +199,15 @@ def main() -> int:
             dyn = subprocess.run(["readelf", "-d", str(so_path)], stdout=subprocess.PIPE, text=True).stdout
             needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn)
             runpath = re.findall(r"\((?:RPATH|RUNPATH)\)\s+Library r\w*path: \[([^\]]+)\]", dyn)
+            # The newest glibc / libstdc++ symbol versions it needs: the device's must be as new.
+            syms = subprocess.run(["objdump", "-T", str(so_path)], stdout=subprocess.PIPE, text=True).stdout
+            newest = {}
+            for lib in ("GLIBC", "GLIBCXX", "CXXABI"):
+                vers = set(re.findall(rf"\b{lib}_([\d.]+)", syms))
+                if vers:
+                    newest[lib] = max(vers, key=lambda v: tuple(int(x) for x in v.split(".")))
             link = {"status": "linked", "seconds": round(secs, 1), "command": shlex.join(cmd),
+                    "newest_symbol_versions": newest,
                     "bytes_unstripped": size_unstripped, "bytes": so_path.stat().st_size,
                     "needed": needed, "runpath": runpath}
             sha = hashlib.sha256(so_path.read_bytes()).hexdigest()
@@ -225,6 +233,9 @@ def main() -> int:
         commit = None
     result = {
         "what": "ahead-of-time compile of gsplat's CUDA extension, one file at a time on one core",
+        "seconds_note": ("wall seconds of each file's compile, niced, on a build machine shared with other "
+                         "jobs; 'cached': true marks a file this run reused (its seconds are from the run "
+                         "that compiled it)"),
         "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "os": platform.platform(),
                     "load_avg_at_end": list(os.getloadavg())},
