@@ -143,11 +143,16 @@ def _why_no_toolkit() -> str:
 def _fail(why: str) -> RuntimeError:
     import torch
 
+    if torch.version.cuda is None:
+        fix = ("install a CUDA build of torch (use backend 'torch' on CPU), then a CUDA toolkit "
+               "matching its torch.version.cuda")
+    else:
+        fix = (f"install a CUDA toolkit matching torch.version.cuda ({torch.version.cuda}) with nvcc "
+               "on PATH or CUDA_HOME set, so gsplat can build it")
     return RuntimeError(
-        f"gsplat's CUDA extension could not be built or loaded: {why}. Fix: install a CUDA "
-        f"toolkit matching torch.version.cuda ({torch.version.cuda}) with nvcc on PATH or CUDA_HOME "
-        f"set, so gsplat can build it, or set {ENV_VAR} to a folder made by {BUILD_SCRIPT} for "
-        f"this torch ({torch.__version__}), Python ({python_tag()}) and GPU."
+        f"gsplat's CUDA extension could not be built or loaded: {why}. Fix: {fix}, or set {ENV_VAR} "
+        f"to a folder made by {BUILD_SCRIPT} for this torch ({torch.__version__}), Python "
+        f"({python_tag()}) and GPU."
     )
 
 
@@ -167,6 +172,11 @@ def _obtain() -> str:
                 _install_backend(ext, so)
                 return f"prebuilt {so}"
         log.warning("%s=%s not used: %s; falling back to gsplat's JIT build", ENV_VAR, folder, why)
+    import torch
+
+    if torch.version.cuda is None:
+        # gsplat's JIT would still start nvcc (when one is installed) against CPU headers.
+        raise _fail(_why_no_toolkit())
     try:
         ext = _jit_backend()
     except Exception as e:
