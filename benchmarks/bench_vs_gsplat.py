@@ -159,6 +159,10 @@ def main() -> None:
     if cuda:
         from gsplat import rasterization
 
+        from distsplat.render.gsplat_ext import ensure_gsplat_ops
+
+        print(f"gsplat ops: {ensure_gsplat_ops()}")  # prebuilt or built once, before the first call
+
         def gsplat_fn(p):
             c, a, _ = rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"],
                                     p["viewmats"], p["Ks"], width, height, sh_degree=SH_DEGREE, packed=True)

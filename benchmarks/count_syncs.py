@@ -59,10 +59,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("count_syncs.py needs a CUDA GPU (torch.cuda.is_available() is False)")
     from distsplat.distributed import distributed_rasterize, init_distributed
+    from distsplat.render.gsplat_ext import ensure_gsplat_ops
     from distsplat.train.config import Config
     from distsplat.train.gaussians import activated
     from distsplat.train.trainer import Trainer
 
+    print(f"gsplat ops: {ensure_gsplat_ops()}")
     data = os.environ.get("DISTSPLAT_DATA")
     scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data else "")
     warmup = int(os.environ.get("WARMUP", 3))

@@ -1,6 +1,7 @@
 """Backend `gsplat`: gsplat 1.5.3's CUDA kernels behind the same two stages as the torch
 backend. gsplat's ops are imported inside the functions, so `import distsplat` neither
-needs CUDA nor triggers gsplat's JIT build; the first call on CUDA tensors does."""
+needs CUDA nor triggers gsplat's JIT build; the first call on CUDA tensors loads them
+(a prebuilt extension from $DISTSPLAT_GSPLAT_EXT, else gsplat's JIT: gsplat_ext.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def project(
     packed: bool,
     radius_clip: float = 0.0,
 ) -> Tuple[Pairs, Optional[Dict[str, Tensor]]]:
+    ensure_gsplat_ops()
     from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
 
     out = fully_fused_projection(
@@ -71,6 +73,15 @@ def project(
     return pairs, dense
 
 
+def ensure_gsplat_ops() -> None:
+    """gsplat's compiled ops, prebuilt or built once (gsplat_ext.py), before any gsplat CUDA
+    call; a dict lookup after the first call. Imported here, not at the top, so that
+    `python -m distsplat.render.gsplat_ext` does not find its module already imported."""
+    from .gsplat_ext import ensure_gsplat_ops as ensure
+
+    ensure()
+
+
 def camera_centers(viewmats: Tensor) -> Tensor:  # [C, 4, 4] -> [C, 3]
     """World positions of rigid world-to-camera transforms [R t; 0 1]: -R^T t. Closed
     form instead of `torch.linalg.inv`, whose CUDA kernel checks for singular inputs on
@@ -87,6 +98,7 @@ def rasterize_pairs(
     backgrounds: Optional[Tensor] = None,  # [C, D]
     tile_size: int = 16,
 ) -> Tuple[Tensor, Tensor]:
+    ensure_gsplat_ops()
     from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles, rasterize_to_pixels
 
     C, D = n_cameras, pairs.colors.shape[-1]

@@ -12,6 +12,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..render.gsplat_backend import ensure_gsplat_ops
+
 _installed = False
 
 
@@ -69,10 +71,14 @@ def install() -> None:
     cuda_covar, cuda_relocation = ops.quat_scale_to_covar_preci, ops.compute_relocation
 
     def quat_scale_to_covar_preci(quats, scales, *args, **kwargs):
+        if quats.is_cuda:
+            ensure_gsplat_ops()  # gsplat's kernels: prebuilt or built once, never by surprise
         fn = cuda_covar if quats.is_cuda else _covar_preci_torch
         return fn(quats, scales, *args, **kwargs)
 
     def compute_relocation(opacities, scales, ratios, binoms):
+        if opacities.is_cuda:
+            ensure_gsplat_ops()
         fn = cuda_relocation if opacities.is_cuda else relocation_torch
         return fn(opacities, scales, ratios, binoms)
 
