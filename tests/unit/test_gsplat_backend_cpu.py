@@ -39,6 +39,7 @@ def _fake_lazy(name):
 def fake_kernels(monkeypatch):
     monkeypatch.setattr(gw, "_RasterizeToPixels", _FakeRasterize)
     monkeypatch.setattr(gw, "_make_lazy_cuda_func", _fake_lazy)
+    monkeypatch.setattr(gsplat_backend, "ensure_gsplat_ops", lambda: None)  # no extension on CPU
 
 
 def _pairs(channels: int):
