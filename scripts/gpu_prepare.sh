@@ -31,7 +31,7 @@ CARRY=(.whl .gpu_data .gsplat_ext)
 die() { echo "gpu_prepare.sh: $*" >&2; exit 1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 bytes_of() { # total bytes of the files under the given paths (missing ones count 0)
-    find "$@" -type f -printf '%s\n' 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'
+    { find "$@" -type f -printf '%s\n' 2>/dev/null || true; } | awk '{ s += $1 } END { print s + 0 }'
 }
 
 # ---------------------------------------------------------------------------------------
