@@ -41,6 +41,12 @@ MEASURES: Dict[str, List[str]] = {
     "bench_exchange": ["distsplat/distributed", "distsplat/render", "benchmarks/bench_exchange.py"],
     "viewer_cpu": ["distsplat/viewer", "distsplat/train/trainer.py", "distsplat/distributed/render.py",
                    "benchmarks/bench_viewer.py"],
+    "w_invariance_cpu": ["distsplat/render", "distsplat/distributed", "distsplat/train",
+                         "tests/distributed/trainer_workers.py", "benchmarks/readme_figures.py"],
+    "failure_timings_cpu": ["distsplat", "examples/simple_trainer.py", "tests/distributed/fault_trainer.py",
+                            "tests/distributed/torchrun_cli.py", "tests/distributed/test_rank_failure.py",
+                            "benchmarks/readme_figures.py"],
+    "cross_w_seeds_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
     "viewer_cpu_with_chromium": ["distsplat/viewer", "distsplat/train/trainer.py",
                                  "distsplat/distributed/render.py", "benchmarks/bench_viewer.py"],
 }
