@@ -65,7 +65,7 @@ def staleness(name: str, d: Dict[str, Any]) -> Optional[str]:
     paths = MEASURES.get(name) or next((v for k, v in MEASURES.items() if name.startswith(k + "_")), None)
     if paths is None:
         return "STALE: make_report.MEASURES does not say which files it measures"
-    commit = str(d.get("commit") or "")
+    commit = str(d.get("commit") or d.get("git_commit") or "")  # bench_exchange says git_commit
     if not commit or commit == "unknown":
         return "STALE: no commit recorded"
     if commit.endswith("-dirty"):
@@ -307,7 +307,7 @@ def section_files() -> str:
         if path.stem == "scaling_model_history":
             continue
         d = load(path.stem)
-        rows.append([f"`{path.name}`", f"`{d.get('commit', '?')}`", d.get("date", "?"),
+        rows.append([f"`{path.name}`", f"`{str(d.get('commit') or d.get('git_commit') or '?')[:12]}`", d.get("date", "?"),
                      d["_stale"] or "current"])
     return ("## Result files\n\nEach result is checked against the files it measures "
             "(`make_report.MEASURES`): STALE when one of them changed after the result's commit "
