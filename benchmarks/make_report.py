@@ -47,8 +47,6 @@ MEASURES: Dict[str, List[str]] = {
                             "tests/distributed/torchrun_cli.py", "tests/distributed/test_rank_failure.py",
                             "benchmarks/readme_figures.py"],
     "cross_w_seeds_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
-    "viewer_cpu_with_chromium": ["distsplat/viewer", "distsplat/train/trainer.py",
-                                 "distsplat/distributed/render.py", "benchmarks/bench_viewer.py"],
 }
 
 
