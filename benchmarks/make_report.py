@@ -7,6 +7,7 @@ benchmarks/results/ (nothing is measured here). Sections whose JSON is absent sa
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -19,9 +20,76 @@ PHASES = ("data", "project", "count_exchange", "payload_exchange", "rasterize", 
           "backward", "optimizer", "densification", "other")
 
 
+# What each result measures: the files whose change after the result's recorded commit
+# makes it STALE (its numbers may no longer describe the code). The benchmark's own script
+# is listed too: a new measurement method is a new result.
+STEP = ["distsplat/render", "distsplat/distributed", "distsplat/train/trainer.py",
+        "distsplat/train/losses.py", "distsplat/train/gaussians.py", "distsplat/train/strategies.py",
+        "distsplat/train/strategy_ops.py"]
+MEASURES: Dict[str, List[str]] = {
+    "cpu_smoke": ["distsplat", "examples/simple_trainer.py", "benchmarks/cpu_smoke.sh",
+                  "benchmarks/lib.sh", "benchmarks/summarize.py"],
+    "quickstart_cpu": ["distsplat", "examples/simple_trainer.py"],
+    "train_thermos_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/summarize.py"],
+    "step_breakdown_cpu": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
+    "step_breakdown_cuda": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
+    "scaling_model": STEP + ["benchmarks/scaling_model.py", "benchmarks/procs.py"],
+    "vs_gsplat_cpu": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
+    "vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
+    "render_cpu": ["distsplat/render", "benchmarks/bench_render.py"],
+    "loader_cpu": ["distsplat/data", "benchmarks/bench_loader.py"],
+    "bench_exchange": ["distsplat/distributed", "distsplat/render", "benchmarks/bench_exchange.py"],
+    "viewer_cpu": ["distsplat/viewer", "distsplat/train/trainer.py", "distsplat/distributed/render.py",
+                   "benchmarks/bench_viewer.py"],
+    "w_invariance_cpu": ["distsplat/render", "distsplat/distributed", "distsplat/train",
+                         "tests/distributed/trainer_workers.py", "benchmarks/readme_figures.py"],
+    "failure_timings_cpu": ["distsplat", "examples/simple_trainer.py", "tests/distributed/fault_trainer.py",
+                            "tests/distributed/torchrun_cli.py", "tests/distributed/test_rank_failure.py",
+                            "benchmarks/readme_figures.py"],
+    "cross_w_seeds_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
+}
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        p = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True)
+    except OSError:
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def staleness(name: str, d: Dict[str, Any]) -> Optional[str]:
+    """None when the result describes HEAD's code, else why not (a sentence)."""
+    paths = MEASURES.get(name) or next((v for k, v in MEASURES.items() if name.startswith(k + "_")), None)
+    if paths is None:
+        return "STALE: make_report.MEASURES does not say which files it measures"
+    commit = str(d.get("commit") or d.get("git_commit") or "")  # bench_exchange says git_commit
+    if not commit or commit == "unknown":
+        return "STALE: no commit recorded"
+    if commit.endswith("-dirty"):
+        return f"STALE: measured uncommitted changes on top of `{commit}`"
+    if _git("cat-file", "-e", f"{commit}^{{commit}}") is None:
+        return f"STALE: commit `{commit}` is not in this repository"
+    changed = _git("log", "--format=%h", f"{commit}..HEAD", "--", *paths)
+    if changed is None:
+        return "STALE: git could not compare it with HEAD"
+    if changed:
+        n = len(changed.splitlines())
+        return f"STALE: {n} commit(s) after `{commit}` changed what it measures ({', '.join(paths)})"
+    return None
+
+
 def load(name: str) -> Optional[Dict[str, Any]]:
     path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text())
+    d["_stale"] = staleness(name, d)
+    return d
+
+
+def stale_mark(d: Optional[Dict[str, Any]]) -> str:
+    return f" **[{d['_stale'].split(':')[0]}]**" if d and d.get("_stale") else ""
 
 
 def md_table(head: List[str], rows: List[List[Any]]) -> str:
@@ -38,7 +106,8 @@ def provenance(d: Dict[str, Any]) -> str:
             f"{m.get('host_cpu', '?')}, {m.get('cpu_count', '?')} cores, torch {m.get('torch', '?')}, "
             f"GPU: {m.get('gpu') or 'none'}"
             + (f"; load average at the end {load_avg[0]} / {load_avg[1]} / {load_avg[2]} (1/5/15 min)" if load_avg else "")
-            + "._")
+            + "._ "
+            + (f"**{d['_stale']}.**" if d.get("_stale") else "Current: nothing it measures changed since."))
 
 
 def section_smoke(d) -> str:
@@ -52,7 +121,7 @@ def section_smoke(d) -> str:
         rows.append([r["run"], r["step"], f"{r['psnr']:.2f}", f"{r['ssim']:.3f}", f"{r['train_s']:.0f}",
                      r["num_GS"], "/".join(str(x) for x in r["num_GS_per_rank"]),
                      "/".join(f"{x:.2f}" for x in r["mem_gb_per_rank"])])
-    return ("## CPU smoke run (`cpu_smoke.sh`)\n\n" + d.get("note", "") + "\n\n"
+    return (f"## CPU smoke run (`cpu_smoke.sh`){stale_mark(d)}\n\n" + d.get("note", "") + "\n\n"
             + md_table(["run", "step", "PSNR", "SSIM", "train s", "num_GS", "GS/rank", "peak RSS GiB/rank"], rows)
             + "\n\n" + provenance(d) + "\n")
 
@@ -69,7 +138,7 @@ def section_breakdown(d, device: str) -> str:
                     + [f"{r['reverse_exchange_ms_max_rank']:.1f}", r["collectives_per_step"],
                        r["host_reads_per_step"], f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f}"])
     scene = d["scene"]
-    return (f"## Step breakdown ({device}, `step_breakdown.py`)\n\n"
+    return (f"## Step breakdown ({device}, `step_breakdown.py`){stale_mark(d)}\n\n"
             f"Scene: {json.dumps(scene)}. Milliseconds per step; per phase the slowest rank's median; "
             "`plain` is the uninstrumented step. `rev. x` is the reverse all-to-all inside backward. "
             "Collectives and host reads are per step on rank 0; MB is sent to other ranks by all ranks.\n\n"
@@ -77,15 +146,16 @@ def section_breakdown(d, device: str) -> str:
             + md_table(["W", "plain"] + list(PHASES) + ["rev. x", "collectives", "host reads", "MB sent"], rows)
             + "\n\nHost reads per step by call site (rank 0, W = " + str(d["results"][-1]["W"]) + "): "
             + "; ".join(f"`{k}` x{v}" for k, v in d["results"][-1]["ranks"][0]["host_read_sites"].items())
-            + ". Adam's `.item()` reads its step counter, a CPU tensor also in GPU runs (not a device "
-            "sync); the two in `torch_backend.py` belong to the CPU backend (GPU runs use gsplat's "
-            "kernels); `exchange.py` is the step's one designed host sync.\n\n" + provenance(d) + "\n")
+            + ". Sites are `module:function`. Adam's `.item()` reads its step counter, a CPU tensor also "
+            "in GPU runs (not a device sync); reads in `distsplat.render.torch_backend` belong to the CPU "
+            "backend (GPU runs use gsplat's kernels); `distsplat.distributed.exchange` holds the step's "
+            "one designed host sync.\n\n" + provenance(d) + "\n")
 
 
 def section_model(d) -> str:
     if d is None:
         return "## Scaling model\n\nNo `scaling_model.json` yet: `python benchmarks/scaling_model.py`.\n"
-    out = ["## Scaling model (`scaling_model.py`)", "", d["note"], "",
+    out = [f"## Scaling model (`scaling_model.py`){stale_mark(d)}", "", d["note"], "",
            f"Model: `{d['model']['step']}`, `{d['model']['exchange']}`; {d['model']['makespan']}. "
            f"Batch: {d['batch']}.", "", "Assumptions:", ""]
     out += [f"- {a}" for a in d["assumptions"]]
@@ -116,7 +186,7 @@ def section_model(d) -> str:
                     f"(max {c['max']:.1f}%)."]
         out += ["", "`cores got`: the cores the W processes actually had (a spin in every rank, before "
                 "and after the timed steps); the rest went to other users' processes on this shared machine."]
-    out += ["", f"### Predicted GPU scaling (compute = CPU-measured / {d['gpu_factor']:g}, assumed)", ""]
+    out += ["", f"### Predicted GPU scaling (a prediction, not measured: compute = CPU-measured / {d['gpu_factor']:g}, assumed)", ""]
     rows = []
     for r in d["results"]:
         g, v = r["gpu_prediction"], r["virtual"]
@@ -144,7 +214,7 @@ def section_gsplat(cpu, gpu) -> str:
         if d is None:
             continue
         s = d["scene"]
-        out += [f"**{d['device']}** ({s['gaussians']} Gaussians, {s['width']}x{s['height']}, {s['cameras']} camera(s), "
+        out += [f"**{d['device']}**{stale_mark(d)} ({s['gaussians']} Gaussians, {s['width']}x{s['height']}, {s['cameras']} camera(s), "
                 f"SH {s['sh_degree']}): {d['status']}.", ""]
         out.append(md_table(["run", "fwd ms", "bwd ms", "fwd+bwd ms", "fwd+bwd CPU ms"],
                             [[k, f"{v['fwd_ms']:.1f}", f"{v['bwd_ms']:.1f}", f"{v['fwd_bwd_ms']:.1f}",
@@ -158,51 +228,89 @@ def section_gsplat(cpu, gpu) -> str:
     return "\n".join(out)
 
 
-def headline(model, vs_cpu, vs_gpu, bd) -> List[str]:
-    """The few numbers people ask for, each with where it comes from."""
-    out = ["## Headline", ""]
-    if model is not None:
+def model_runs(model) -> List[Dict[str, Any]]:
+    """Every recorded scaling-model run's headline (scaling_model_history.json + the current)."""
+    hist = load("scaling_model_history")
+    runs = list(hist["runs"]) if hist else []
+    if model is not None and model["date"] not in {r["date"] for r in runs}:
         last = model["results"][-1]
-        W, sp = last["W"], last["gpu_prediction"]["speedup"]
-        e, c = model["validation_abs_error_pct_W_gt_1"], model.get("compute_validation_abs_error_pct", {})
-        out.append(f"- **Predicted {W}-GPU throughput speedup** (model, not measured; 1 camera per rank, "
-                   f"GPU_FACTOR {model['gpu_factor']:g} assumed): **{sp['nvlink']:.2f}x with NVLink, "
-                   f"{sp['pcie4']:.2f}x over PCIe 4.0**; compute balance alone "
-                   f"{last['gpu_prediction']['speedup_compute_only']:.2f}x. Scene: {json.dumps(model['scene'])}.")
-        if max(sp.values()) > W:
-            out.append(f"- Above the ideal {W}x means the W = 1 baseline's per-camera compute came out higher "
-                       "than the W-rank run's (other cameras in its batches, and CPU time that varies with "
-                       "other users' load): treat W as the ceiling and the excess as the model's noise here.")
-        prev = load("scaling_model_earlier")
-        if prev is not None:
-            ps = prev["results"][-1]["gpu_prediction"]["speedup"]
-            out.append(f"- The same command run earlier ({prev['date']}, `scaling_model_earlier.json`) predicted "
-                       f"{ps['nvlink']:.2f}x / {ps['pcie4']:.2f}x: on this shared machine the spread between "
-                       "runs (other users' load changes the CPU time of the same work, mostly the W = 1 "
-                       "baseline) is larger than the exchange's effect; read the prediction as the range.")
-        if e.get("mean") is not None:
-            out.append(f"- Model vs real gloo processes on this CPU: step time |error| mean {e['mean']:.1f}% "
-                       f"(max {e['max']:.1f}%) for W = 2..{W}"
-                       + (f"; CPU work per step |error| mean {c['mean']:.1f}% (max {c['max']:.1f}%)" if c.get("mean") is not None else "")
-                       + ".")
+        g = last["gpu_prediction"]
+        runs.append({"date": model["date"], "commit": model["commit"], "gpu_factor": model["gpu_factor"],
+                     "W": last["W"], "speedup_nvlink": g["speedup"]["nvlink"], "speedup_pcie4": g["speedup"]["pcie4"],
+                     "speedup_compute_only": g["speedup_compute_only"],
+                     "load_avg_1_5_15min": model["machine"].get("load_avg_1_5_15min")})
+    return runs
+
+
+def headline(smoke, quick, vs_cpu, vs_gpu, bd) -> List[str]:
+    """The measured numbers people ask for, each with where it comes from. Model predictions
+    are not headlined: they live in their own section below the measured tables."""
+    out = ["## Headline (measured)", ""]
+    if quick is not None:
+        out.append(f"- README quick start (`quickstart_cpu.json`{stale_mark(quick)}): 2 CPU ranks, 600 steps, "
+                   f"PSNR {quick['psnr']:.2f} dB, SSIM {quick['ssim']:.3f}, {quick['wall_s']:.0f} s launch to exit.")
     if vs_gpu is not None:
         out.append("- distsplat W = 1 / gsplat.rasterization (GPU, fwd+bwd): "
-                   + ", ".join(f"`{k}` {v:.3f}" for k, v in vs_gpu["ratios"].items()) + ".")
+                   + ", ".join(f"`{k}` {v:.3f}" for k, v in vs_gpu["ratios"].items()) + stale_mark(vs_gpu) + ".")
     else:
         out.append("- distsplat W = 1 / gsplat.rasterization on GPU: **pending** (no GPU run yet).")
     if vs_cpu is not None:
         r = vs_cpu["ratios"]
         out.append(f"- CPU: distributed layer at W = 1 vs the one-process render "
                    f"{r['ours_w1_over_ours_render_torch']:.3f}x; our torch projection vs gsplat's pure-torch "
-                   f"projection {r['ours_project_over_gsplat_torch_project']:.3f}x (fwd+bwd).")
+                   f"projection {r['ours_project_over_gsplat_torch_project']:.3f}x (fwd+bwd){stale_mark(vs_cpu)}.")
     if bd is not None and len(bd["results"]) > 1:
         r = bd["results"][-1]
-        out.append(f"- Per step at W = {r['W']} (measured): {r['collectives_per_step']} collectives "
+        out.append(f"- Per step at W = {r['W']} (CPU): {r['collectives_per_step']} collectives "
                    f"({', '.join(r['collectives_per_step_by_phase'])}), "
                    f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f} MB sent by all ranks, "
                    f"{r['host_reads_per_step']} host reads of tensor values (by phase: "
-                   f"{', '.join(f'{k} {v}' for k, v in r['host_reads_per_step_by_phase'].items())}).")
+                   f"{', '.join(f'{k} {v}' for k, v in r['host_reads_per_step_by_phase'].items())}){stale_mark(bd)}.")
+    out.append("- Multi-GPU speedup: **not measured** (no GPU run yet); the CPU-derived model's prediction "
+               "and its spread are in the last section.")
     return out + [""]
+
+
+def section_prediction(model) -> str:
+    """The model's GPU prediction, with its assumptions and its spread over recorded runs."""
+    if model is None:
+        return ""
+    runs = model_runs(model)
+    W = model["results"][-1]["W"]
+    nv = [r["speedup_nvlink"] for r in runs if r["W"] == W]
+    pc = [r["speedup_pcie4"] for r in runs if r["W"] == W]
+    out = [f"## Predicted {W}-GPU speedup (a model prediction, not a measurement)", "",
+           f"No GPU has timed distsplat yet. `scaling_model.py` times each rank's work on this CPU and divides "
+           f"it by an assumed GPU_FACTOR ({model['gpu_factor']:g}: how much faster a GPU runs a rank's compute "
+           "than one CPU core runs the torch backend), then adds modelled NVLink / PCIe exchanges (the "
+           "assumptions are listed in the scaling model section above). Across the "
+           f"{len(nv)} recorded runs of the same command it predicted **{min(nv):.2f}x to {max(nv):.2f}x with "
+           f"NVLink** and {min(pc):.2f}x to {max(pc):.2f}x over PCIe 4.0 for W = {W} (the spread comes from "
+           "other users' load on this shared machine changing the CPU time of the same work, mostly the "
+           f"W = 1 baseline; above {W}x is that noise, {W}x is the ceiling). Read it as a range until a "
+           "GPU-timed run (`step_breakdown.py` / `bench_vs_gsplat.py` on CUDA) replaces it.", ""]
+    out.append(md_table(["run date", "commit", "GPU_FACTOR", "NVLink", "PCIe 4.0", "compute only", "load (1 min)"],
+                        [[r["date"], f"`{r['commit']}`", f"{r['gpu_factor']:g}", f"{r['speedup_nvlink']:.2f}",
+                          f"{r['speedup_pcie4']:.2f}", f"{r['speedup_compute_only']:.2f}",
+                          (r.get("load_avg_1_5_15min") or ["?"])[0]] for r in runs if r["W"] == W]))
+    out += ["", "Older runs describe the code at their own commit (`scaling_model_history.json`); the "
+            "newest is `scaling_model.json`" + stale_mark(model) + ".", ""]
+    return "\n".join(out)
+
+
+def section_files() -> str:
+    """Every result file with its commit and whether what it measures changed since."""
+    rows = []
+    for path in sorted(RESULTS.glob("*.json")):
+        if path.stem == "scaling_model_history":
+            continue
+        d = load(path.stem)
+        rows.append([f"`{path.name}`", f"`{str(d.get('commit') or d.get('git_commit') or '?')[:12]}`", d.get("date", "?"),
+                     d["_stale"] or "current"])
+    return ("## Result files\n\nEach result is checked against the files it measures "
+            "(`make_report.MEASURES`): STALE when one of them changed after the result's commit "
+            "(`git log <commit>..HEAD -- <files>`).\n\n"
+            + md_table(["file", "commit", "date", "status at HEAD"], rows) + "\n")
 
 
 def plot(breakdown, model) -> Optional[Path]:
@@ -252,6 +360,7 @@ def plot(breakdown, model) -> Optional[Path]:
 def main() -> int:
     smoke, bd_cpu, bd_gpu = load("cpu_smoke"), load("step_breakdown_cpu"), load("step_breakdown_cuda")
     model, vs_cpu, vs_gpu = load("scaling_model"), load("vs_gsplat_cpu"), load("vs_gsplat_cuda")
+    quick = load("quickstart_cpu")
     png = plot(bd_cpu, model)
     parts = [
         "# distsplat benchmark results",
@@ -260,19 +369,24 @@ def main() -> int:
         "Every number below was measured on the machine named under its table. Unless a table says "
         "GPU, that is a CPU-only machine: ranks are gloo processes sharing its cores and the renderer "
         "is the pure-PyTorch backend, so absolute times say nothing about GPUs. GPU figures are "
-        "model predictions with the assumptions listed, until a GPU run replaces them.",
+        "model predictions with the assumptions listed, in the last section, until a GPU run replaces them. "
+        "A result whose measured code changed after its commit is marked STALE.",
         "",
     ]
-    parts += headline(model, vs_cpu, vs_gpu, bd_cpu)
-    if png is not None:
-        parts += [f"![scaling]({png.relative_to(HERE).as_posix()})", ""]
+    parts += headline(smoke, quick, vs_cpu, vs_gpu, bd_cpu)
     parts += [section_smoke(smoke), section_breakdown(bd_cpu, "cpu")]
     parts += [section_breakdown(bd_gpu, "cuda") if bd_gpu else
               "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/step_breakdown.py` "
               "on a CUDA machine runs W = 1 on the GPU).\n"]
-    parts += [section_model(model), section_gsplat(vs_cpu, vs_gpu)]
+    parts += [section_gsplat(vs_cpu, vs_gpu), section_model(model)]
+    if png is not None:
+        parts += [f"![scaling]({png.relative_to(HERE).as_posix()})", ""]
+    parts += [section_prediction(model), section_files()]
     REPORT.write_text("\n".join(parts).rstrip() + "\n")
-    print(f"make_report: {REPORT.relative_to(HERE.parent)}" + (f", {png.relative_to(HERE.parent)}" if png else ""))
+    stale = [p.name for p in sorted(RESULTS.glob("*.json"))
+             if p.stem != "scaling_model_history" and load(p.stem)["_stale"]]
+    print(f"make_report: {REPORT.relative_to(HERE.parent)}" + (f", {png.relative_to(HERE.parent)}" if png else "")
+          + (f"; STALE: {', '.join(stale)}" if stale else "; nothing stale"))
     return 0
 
 

@@ -154,7 +154,8 @@ class Recorder:
                 f = sys._getframe(1)
                 while f is not None and ("torch/" in f.f_code.co_filename or f.f_code.co_filename == __file__):
                     f = f.f_back
-                site = "?" if f is None else f"{_short(f.f_code.co_filename)}:{f.f_lineno} {name}"
+                # module:function, not file:line: line numbers go stale with the next edit
+                site = "?" if f is None else f"{_module(f.f_code.co_filename)}:{f.f_code.co_qualname} {name}"
                 self.step["sites"][f"{phase} | {site}"] += 1
             return fn(t, *a, **k)
         return wrapper
@@ -193,6 +194,12 @@ class _TimedLoader:
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
+
+
+def _module(path: str) -> str:
+    """distsplat/render/torch_backend.py -> distsplat.render.torch_backend"""
+    short = _short(path)
+    return short[:-3].replace("/", ".") if short.endswith(".py") else short
 
 
 def _short(path: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from distsplat.train.strategies import DefaultStrategy, MCMCStrategy
@@ -58,29 +58,78 @@ def _params(trainer: Trainer) -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.params.items()}
 
 
-def to_float64(trainer: Trainer) -> None:
+def to_float64(trainer: Trainer, anisotropic: float = 0.0) -> None:
     """Float64 parameters, optimizers and cameras: Adam's tiny eps turns float32 rounding of
-    near-zero gradients into lr-sized steps, so exact W-invariance is checked in float64."""
-    trainer.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.detach().double())
-                                             for k, v in trainer.params.items()})
+    near-zero gradients into lr-sized steps, so exact W-invariance is checked in float64.
+    anisotropic: adds a seeded uniform(-a, a) to every log scale (the same draw for all
+    Gaussians, this rank's rows kept). gsplat's initial scales are isotropic, which makes
+    the quaternions' true gradient exactly zero: what backward returns is then rounding
+    noise whose value depends on the CPU's vector kernels, and Adam (eps 7e-16) turns it
+    into steps of up to lr; anisotropic scales give every quaternion a real gradient."""
+    params = {k: v.detach().double() for k, v in trainer.params.items()}
+    if anisotropic:
+        start, end = chunk_bounds(trainer.n_all, trainer.ctx.world_size)[trainer.ctx.rank]
+        g = torch.Generator().manual_seed(11)
+        jitter = (torch.rand(trainer.n_all, 3, generator=g, dtype=torch.float64) * 2 - 1) * anisotropic
+        params["scales"] = params["scales"] + jitter[start:end]
+    trainer.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v) for k, v in params.items()})
     trainer.optimizers = create_optimizers(trainer.params, trainer.cfg.batch_size * trainer.ctx.world_size,
                                            trainer.scene_scale)
     trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
 
 
-def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False) -> Dict[str, Any]:
-    """Sets up, trains, returns this rank's parameters, metrics and a fixed-view render."""
+def record_adam(trainer: Trainer) -> Dict[str, Dict[str, List[torch.Tensor]]]:
+    """Hooks every optimizer to record, per step, each component's gradient and Adam's
+    denominator sqrt(v_hat) + eps: what a gradient perturbation of size d is divided by
+    (test_trainer.py derives its per-component noise bound from them)."""
+    rec: Dict[str, Dict[str, List[torch.Tensor]]] = {}
+    for name, opt in trainer.optimizers.items():
+        r = rec[name] = {"grad": [], "denom": [], "lr": []}
+
+        def pre(opt, args, kwargs, r=r):
+            p = opt.param_groups[0]["params"][0]
+            r["grad"].append(p.grad.detach().clone())
+            r["lr"].append(opt.param_groups[0]["lr"])
+
+        def post(opt, args, kwargs, r=r):
+            group = opt.param_groups[0]
+            p = group["params"][0]
+            st = opt.state[p]
+            v_hat = st["exp_avg_sq"] / (1 - group["betas"][1] ** float(st["step"]))
+            r["denom"].append(v_hat.sqrt() + group["eps"])
+
+        opt.register_step_pre_hook(pre)
+        opt.register_step_post_hook(post)
+    return rec
+
+
+def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, record: bool = False,
+          drop_rank_grad: int = -1, anisotropic: float = 0.0) -> Dict[str, Any]:
+    """Sets up, trains, returns this rank's parameters, metrics and a fixed-view render.
+    record: also each step's gradients and Adam denominators (record_adam).
+    drop_rank_grad: a deliberate bug for mutation checks: that rank zeroes its gradients."""
     cls = ReplayTrainer if replay_shards else Trainer
     cls.shards = replay_shards or 2
     trainer = cls(copy.deepcopy(cfg), ctx)
     try:
         trainer.setup()
         if float64:
-            to_float64(trainer)
+            to_float64(trainer, anisotropic)
+        rec = record_adam(trainer) if record else None
+        if drop_rank_grad == ctx.rank:
+            def drop(opt, args, kwargs):
+                opt.param_groups[0]["params"][0].grad.zero_()
+
+            for opt in trainer.optimizers.values():
+                opt.register_step_pre_hook(drop)
         metrics = trainer.train()
-        return {"params": _params(trainer), "metrics": metrics, "render": fixed_view_render(trainer),
-                "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
-                "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state()}
+        out = {"params": _params(trainer), "metrics": metrics, "render": fixed_view_render(trainer),
+               "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
+               "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state()}
+        if rec is not None:
+            out["adam"] = {k: {f: (torch.stack(v) if f != "lr" else torch.tensor(v)) for f, v in r.items()}
+                           for k, r in rec.items()}
+        return out
     finally:
         trainer.cleanup()
 

@@ -30,6 +30,9 @@ def test_ssim_matches_scipy_reference():
     ours = ssim_map(a, b)
     for i in range(2):
         ref = scipy_ssim_map(a[i].numpy(), b[i].numpy())
+        # float64: the blurs sum 11 x 11 window terms (gamma_121 = 1.3e-14 of the sums, <= 1);
+        # sxx = blur(x^2) - mx^2 cancels down to ~c2 = 9e-4, so <= 1.3e-14 / 9e-4 = 1.5e-11
+        # relative in SSIM: 1e-9 leaves x60 for the ratio's few extra roundings.
         np.testing.assert_allclose(ours[i].numpy(), ref, rtol=1e-9, atol=1e-9)
     assert ssim(a, a).item() == pytest.approx(1.0)
     assert 0.0 < ssim(a, b).item() < 0.9

@@ -42,6 +42,8 @@ def test_single_isotropic_gaussian_renders_analytic_profile():
                 expected, skipped = 0.0, skipped + 1
             else:
                 drawn += 1
+            # float32: ~5 roundings in r^2 / var make the exponent's relative error <= 5 u32,
+            # times |exponent| <= ln(255 * 0.8) = 5.3, plus exp and o: ~2e-6 relative; rel 1e-5.
             assert colors[0, py, px, 0].item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
             assert alphas[0, py, px, 0].item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
     assert drawn > 50 and skipped > 50
@@ -62,6 +64,7 @@ def test_nearer_gaussian_wins_whatever_the_input_order():
         s = dict(red, **{k: v[order] for k, v in both.items()})
         colors, alphas, _ = rasterize(*render_args(s))
         px = colors[0, 13, 17]
+        # float32 alpha within ~2e-6 relative (as above), two composited: rel 1e-5.
         assert px[0].item() == pytest.approx(a, rel=1e-5)
         assert px[2].item() == pytest.approx((1 - a) * a, rel=1e-5)
         assert alphas[0, 13, 17, 0].item() == pytest.approx(1 - (1 - a) ** 2, rel=1e-5)
@@ -114,12 +117,20 @@ def test_matches_dense_reference_forward_and_backward(kwargs, antialiased):
         *render_args(ref_scene), sh_degree=scene["sh_degree"], antialiased=antialiased, backgrounds=bg
     )
     assert alphas.amax() > 0.5  # the scene is really visible
+    # Both float32 (u32 = 6e-8). Per Gaussian alpha = o exp(-s), s <= ln(255 o) < 5.6: ~10
+    # roundings in s make alpha's relative error <= 10 u32 * 5.6 = 3.4e-6; a pixel composites
+    # <= 200 Gaussians (dense-overlap), the transmittance product and the sum adding
+    # <= 2 * 200 u32 = 2.4e-5 relative: rtol 1e-4 (x4), atol 2e-5 for near-zero pixels.
     torch.testing.assert_close(colors, ref_colors, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(alphas, ref_alphas, atol=2e-5, rtol=1e-4)
     # Each camera and pixel weighted differently, so a swapped image changes the loss.
     w = torch.rand(colors.shape, generator=torch.Generator().manual_seed(2))
     (colors * w).sum().backward()
     (ref_colors * w).sum().backward()
+    # A Gaussian's gradient sums over <= 3 cameras x 40 x 30 pixels (n = 3600) in another order
+    # (backward re-composites); with partial cancellation the typical error is sqrt(n) u32 = 3.6e-6
+    # of the sum of |terms| and the worst case n u32 = 2.2e-4: rtol 1e-3, atol 1e-4 (gradients
+    # here are O(1) to O(10)).
     for k in GAUSSIAN_KEYS:
         torch.testing.assert_close(scene[k].grad, ref_scene[k].grad, atol=1e-4, rtol=1e-3, msg=k)
 
@@ -129,6 +140,9 @@ def test_tile_size_does_not_change_the_image(tile_size):
     scene = random_scene(n=150, n_cameras=2, width=37, height=29, scale=0.25)
     a, _, _ = rasterize(*render_args(scene))
     b, _, _ = rasterize(*render_args(scene), tile_size=tile_size)
+    # The same depth-sorted compositing per pixel; only how lists are cut into tiles (and so
+    # the vectorized blocks) differs: <= 150 Gaussians per pixel, 150 u32 = 9e-6 relative
+    # worst case (rtol 1e-5), atol 1e-6 for near-empty pixels.
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
@@ -173,8 +187,23 @@ def test_projection_agrees_with_gsplat_torch_reference():
     assert len(pairs) == int(ref_valid.sum()) > 100
     c, g = pairs.camera_ids, pairs.gaussian_ids
     assert ref_valid[c, g].all()
-    torch.testing.assert_close(pairs.means2d, means2d[c, g])
-    torch.testing.assert_close(pairs.depths, depths[c, g])
+    # Worst-case float32 rounding (u32 = 6e-8), on any CPU (an FMA only removes roundings):
+    # x_cam = R p + t and z = R_3 p + t_3 sum 4 terms: errors <= 4 u32 (|R| |p| + |t|) ("terms").
+    # means2d = f x / z + c (ours) or (f x + 0 y + c z) / z (gsplat, 3 products: 3 u32 (f |x| + |c| z))
+    # then adds <= 3 u32 (f |x| / z + |c|), 4 u32 f |x| terms_z / z^2 through z's error and a final
+    # u32 |means2d|. With |x| <= terms_x each implementation is off by at most
+    # u32 (f terms_x (8 + 4 terms_z / z) / z + 3 |c| + |means2d|); two of them, twice that.
+    u32 = 2.0 ** -24
+    R, t = scene["viewmats"][:, :3, :3], scene["viewmats"][:, :3, 3]  # [C, 3, 3], [C, 3]
+    terms = (torch.einsum("cij,nj->cni", R.abs(), scene["means"].abs()) + t.abs()[:, None])[c, g]  # [M, 3]
+    f, cxy = torch.stack([scene["Ks"][:, 0, 0], scene["Ks"][:, 1, 1]], -1)[c], scene["Ks"][c, :2, 2]  # [M, 2]
+    z = depths[c, g, None]  # [M, 1]
+    bound2d = 2 * u32 * (f * terms[:, :2] * (8 + 4 * terms[:, 2:] / z) / z + 3 * cxy + means2d[c, g].abs())
+    assert ((pairs.means2d - means2d[c, g]).abs() <= bound2d).all()
+    assert ((pairs.depths - depths[c, g]).abs() <= 2 * 4 * u32 * terms[:, 2]).all()
+    # conic = inverse of the 2D covariance J W S S^T W^T J^T + 0.3 I: its relative error is the
+    # covariance's (~10 roundings, 6e-7) times the 2x2 inverse's condition number, <= ~1/0.3 per
+    # unit of screen variance here (the +0.3 blur floors the small eigenvalue): ~1e-5 relative.
     torch.testing.assert_close(pairs.conics, conics[c, g], rtol=1e-4, atol=1e-6)
     assert torch.equal(pairs.radii, radii[c, g])
 
@@ -229,6 +258,8 @@ def test_depth_render_modes(render_mode):
     ref = torch.stack(ref)
     if render_mode.endswith("ED"):
         ref = ref / alphas[..., 0].clamp_min(1e-10)
+    # Depths ~3-5 composited over <= 60 Gaussians, both float32: <= 2 * 60 u32 = 7e-6 relative
+    # (~4e-5 absolute at depth 5); ED divides by alpha, the same float32 alpha on both sides.
     torch.testing.assert_close(depth, ref, atol=1e-4, rtol=1e-4)
     if render_mode.startswith("RGB"):
         torch.testing.assert_close(out[..., :3], rgb)
@@ -304,7 +335,13 @@ def test_depth_chunks_give_the_same_images_and_gradients(monkeypatch):
         results.append((colors, alphas, {k: s[k].grad for k in GAUSSIAN_KEYS}))
     (c1, a1, g1), (c2, a2, g2) = results
     assert (a1 > 0.999).float().mean() > 0.2  # the early stop really happens
+    # Pixels composite <= 250 Gaussians; chunks of 3 carry the transmittance as a product
+    # between chunks: <= 2 * 250 u32 = 3e-5 relative worst case, rtol 1e-5 and atol 1e-6
+    # hold what that leaves in practice (measured ~1e-7 relative).
     torch.testing.assert_close(c2, c1, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(a2, a1, atol=1e-6, rtol=1e-5)
     for k in GAUSSIAN_KEYS:
-        torch.testing.assert_close(g2[k], g1[k], atol=1e-5, rtol=1e-4, msg=k)
+        # A gradient sums <= 2 x 40 x 30 = 2400 pixel terms grouped another way: worst case
+        # 2400 u32 = 1.4e-4 of the terms' size, taken as that parameter's largest gradient.
+        atol = 2400 * 2.0 ** -24 * g1[k].abs().max().item()
+        torch.testing.assert_close(g2[k], g1[k], atol=atol, rtol=1e-4, msg=k)
