@@ -47,6 +47,8 @@ MEASURES: Dict[str, List[str]] = {
                             "tests/distributed/torchrun_cli.py", "tests/distributed/test_rank_failure.py",
                             "benchmarks/readme_figures.py"],
     "cross_w_seeds_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
+    "gsplat_compile_sm90": ["scripts/build_gsplat_ext.sh", "scripts/build_gsplat_ext.py"],
+    "host_syncs_cuda": ["distsplat", "benchmarks/count_syncs.py"],
 }
 
 
