@@ -5,6 +5,7 @@ kill and resume: test_checkpoint_faults.py; bad inputs: test_bad_input_catalog.p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,9 +156,35 @@ def test_w2_checkpoint_resumes_on_any_world_size(run_workers, w2_checkpoint, W):
         saved = torch.cat([r["params"][k] for r in trained])
         torch.testing.assert_close(torch.cat([r["params"][k] for r in resumed]), saved, rtol=0, atol=0)
     torch.testing.assert_close(resumed[0]["render"], trained[0]["render"], rtol=0, atol=1e-6)
+    assert torch.equal(torch.cat([r["uid"] for r in resumed]), torch.cat([r["uid"] for r in trained]))
     if W == 2:  # the same ranks continue their own random streams (densification draws)
         for r in range(2):
             assert torch.equal(resumed[r]["rng"], trained[r]["rng"])
+
+
+def test_a_checkpoint_without_ids_resumes_with_ids_in_global_order(run_workers, w2_checkpoint, tmp_path):
+    """Checkpoints written before Gaussians had ids: the ids are their global indices."""
+    import shutil
+
+    from distsplat.train import checkpoint as ck
+
+    out, trained = w2_checkpoint
+    meta = ck.read_meta(out / "ckpts")
+    old = tmp_path / "ckpts" / Path(meta["dir"]).name
+    shutil.copytree(meta["dir"], old)
+    for shard in meta["shards"]:
+        payload = torch.load(old / shard["file"], weights_only=True)
+        assert payload["per_gaussian"].pop("uid") is not None  # as written before ids existed
+        torch.save(payload, old / shard["file"])
+        shard["sha256"] = ck._sha256(old / shard["file"])
+    meta = {k: v for k, v in meta.items() if k not in ("dir", "meta_sha256")}
+    meta["meta_sha256"] = ck._meta_digest(meta)
+    (old / "meta.json").write_text(json.dumps(meta))
+    cfg = tiny_config(str(tmp_path / "resume"), max_steps=15, ckpt=str(old))
+    resumed = run_workers("trainer_workers:resume", 3, cfg)
+    assert torch.equal(torch.cat([r["uid"] for r in resumed]), torch.arange(meta["num_gaussians"]))
+    for k in trained[0]["params"]:
+        assert torch.equal(torch.cat([r["params"][k] for r in resumed]), torch.cat([r["params"][k] for r in trained]))
 
 
 # ------------------------------------------------------------------ the CLI under torchrun
