@@ -83,22 +83,20 @@ def _params(trainer: Trainer) -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.params.items()}
 
 
-def to_float64(trainer: Trainer, global_batch: int, adam_eps: Optional[float] = None) -> None:
-    """Float64 parameters, optimizers and cameras: Adam's tiny eps turns float32 rounding of
-    near-zero gradients into lr-sized steps, so exact W-invariance is checked in float64."""
+def to_float64(trainer: Trainer, global_batch: int) -> None:
+    """Float64 parameters, optimizers (Adam scaled for `global_batch`), cameras and 2D
+    gradient sums: Adam's tiny eps turns float32 rounding of near-zero gradients into
+    lr-sized steps, so exact W-invariance is checked in float64."""
     trainer.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v.detach().double())
                                              for k, v in trainer.params.items()})
     trainer.optimizers = create_optimizers(trainer.params, global_batch, trainer.scene_scale)
-    for opt in trainer.optimizers.values():
-        opt.param_groups[0]["eps"] = adam_eps or opt.param_groups[0]["eps"]
     trainer.means_lr0 = trainer.optimizers["means"].param_groups[0]["lr"]  # the schedule's start
     trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
     if "grad2d" in trainer.strategy_state:  # DefaultStrategy's gradient sum (gsplat's is float32)
         trainer.strategy_state["grad2d"] = torch.zeros(len(trainer.params["means"]), dtype=torch.float64)
 
 
-def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False,
-          adam_eps: Optional[float] = None) -> Dict[str, Any]:
+def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False) -> Dict[str, Any]:
     """Sets up, trains, returns this rank's parameters, metrics and a fixed-view render."""
     cls = ReplayTrainer if replay_shards else Trainer
     cls.shards = replay_shards or 2
@@ -106,7 +104,7 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False,
     try:
         trainer.setup()
         if float64:
-            to_float64(trainer, len(trainer._batch(0).cameras), adam_eps)
+            to_float64(trainer, len(trainer._batch(0).cameras))
         events = _count_events(trainer) if float64 else {}
         metrics = trainer.train()
         return {"params": _params(trainer), "metrics": metrics, "render": fixed_view_render(trainer),
