@@ -10,7 +10,9 @@ synthetic scene (or SCENE=thermos: $SCENE_DIR/thermos at --data_factor 4).
     nice -n 10 python benchmarks/mcmc_world_sizes.py
 
 Environment (defaults): WS ("1 4"), SEEDS ("0 1 2"), STEPS (200), GLOBAL_BATCH (4),
-CAP_MAX (4500), SCENE (builtin), SCENE_DIR (../shared/data), NAME (mcmc_world_sizes).
+CAP_MAX (4500), SCENE (builtin), SCENE_DIR (../shared/data), NAME (mcmc_world_sizes),
+STRATEGY (mcmc; `default` for the W-invariant strategy as a control: its runs differ only
+by the batches the CLI draws on each W).
 Writes benchmarks/results/$NAME.json and prints one summary line.
 """
 
@@ -30,16 +32,18 @@ from benchmarks.common import write_result  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(W: int, seed: int, steps: int, global_batch: int, cap: int, scene: str, out: Path) -> dict:
-    refine = [f"--strategy.refine_start_iter", str(steps // 5), "--strategy.refine_stop_iter", str(steps * 4 // 5),
-              "--strategy.refine_every", str(max(steps // 10, 1)), "--strategy.cap_max", str(cap)]
+def run(W: int, seed: int, steps: int, global_batch: int, cap: int, scene: str, out: Path,
+        strategy: str = "mcmc") -> dict:
+    refine = ["--strategy.refine_start_iter", str(steps // 5), "--strategy.refine_stop_iter", str(steps * 4 // 5),
+              "--strategy.refine_every", str(max(steps // 10, 1))]
+    refine += ["--strategy.cap_max", str(cap)] if strategy == "mcmc" else ["--strategy.reset_every", str(steps // 2)]
     if scene == "builtin":
         data = []
     else:
         data = ["--data_dir", str(Path(os.environ.get("SCENE_DIR", REPO.parent / "shared" / "data")) / scene),
                 "--data_factor", "4"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={W}",
-           str(REPO / "examples" / "simple_trainer.py"), "mcmc", "--max_steps", str(steps),
+           str(REPO / "examples" / "simple_trainer.py"), strategy, "--max_steps", str(steps),
            "--eval_steps", str(steps), "--save_steps", str(steps), "--no-save-ply", "--seed", str(seed),
            "--batch_size", str(global_batch // W), "--result_dir", str(out), "--disable_viewer",
            "--num_workers", "1", "--log_every", str(steps), "--tb_every", "1000000", *refine, *data]
@@ -62,12 +66,13 @@ def main() -> None:
     global_batch = int(os.environ.get("GLOBAL_BATCH", "4"))
     cap = int(os.environ.get("CAP_MAX", "4500"))
     scene = os.environ.get("SCENE", "builtin")
+    strategy = os.environ.get("STRATEGY", "mcmc")
     name = os.environ.get("NAME", "mcmc_world_sizes")
     root = REPO / "results" / name
     runs = []
     for seed in seeds:
         for W in Ws:
-            r = run(W, seed, steps, global_batch, cap, scene, root / f"W{W}_seed{seed}")
+            r = run(W, seed, steps, global_batch, cap, scene, root / f"W{W}_seed{seed}", strategy)
             print(json.dumps(r), flush=True)
             runs.append(r)
     summary = {}
@@ -80,10 +85,10 @@ def main() -> None:
                                 "ssim_mean": statistics.mean(r["ssim"] for r in ok),
                                 "num_GS_mean": statistics.mean(r["num_GS"] for r in ok), "n": len(ok)}
     path = write_result(name, {
-        "title": f"MCMC, W in {Ws}, same global batch {global_batch}, {scene} scene, {steps} steps",
+        "title": f"{strategy}, W in {Ws}, same global batch {global_batch}, {scene} scene, {steps} steps",
         "note": "CPU (gloo, torch backend) on a shared 2-core machine; each W run is a real torchrun of the "
                 "CLI. Seeds change the init, batches and MCMC draws. PSNR/SSIM on the scene's test cameras.",
-        "scene": scene, "global_batch": global_batch, "cap_max": cap, "seeds": seeds, "runs": runs,
+        "strategy": strategy, "scene": scene, "global_batch": global_batch, "cap_max": cap, "seeds": seeds, "runs": runs,
         "summary": summary,
     })
     print(f"{name}: " + "; ".join(f"{k} PSNR {v['psnr_mean']:.3f}±{v['psnr_std'] or 0:.3f} "
