@@ -79,7 +79,8 @@ def shard_payload(
     per_gaussian: Optional[Dict[str, Tensor]] = None,
 ) -> Dict[str, Any]:
     """This rank's rows: parameters, Adam moments (row-aligned) and step counts, and any
-    per-Gaussian state [N, ...] (e.g. a densification strategy's accumulators)."""
+    per-Gaussian state [N, ...] (a densification strategy's accumulators, every Gaussian's
+    int64 id: read on any W, rows keep their ids)."""
     optim: Dict[str, Dict[str, Any]] = {}
     for name, opt in optimizers.items():
         state = opt.state.get(params[name], {})

@@ -117,3 +117,89 @@ def activated(params: torch.nn.ParameterDict, sh_degree: Optional[int] = None) -
         "opacities": torch.sigmoid(params["opacities"]),
         "colors": colors,
     }
+
+
+# ------------------------------------------------------------------ Gaussian identities
+# Every Gaussian carries a persistent int64 id (the strategy state's "uid" [N], with its
+# chunk): its global index at initialization, and for a Gaussian born by densification
+# a 64-bit hash of (parent id, step, child index). Ids are what makes densification
+# W-invariant: the global ORDER of Gaussians depends on W (each rank appends its newborns
+# at the end of its chunk, rebalancing moves rows), their ids do not. The split's random
+# offsets are drawn from a counter-based hash of (seed, step, id, sample index), so they
+# are the same whichever rank holds the Gaussian, in whatever order, on CPU or CUDA.
+#
+# The hash is splitmix64 (Steele et al., "Fast splittable pseudorandom number generators",
+# 2014) on int64 tensors: torch's int64 add and multiply wrap modulo 2^64 on CPU and CUDA
+# alike, which is the arithmetic splitmix64 is defined in; right shifts are made logical
+# by masking (torch's >> on int64 is arithmetic).
+
+def _i64(c: int) -> int:
+    """A 64-bit unsigned constant as the int64 with the same bits."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN, _MIX1, _MIX2 = _i64(0x9E3779B97F4A7C15), _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+_CHILD_KEY, _NORMAL_KEY = 1, 2  # domain keys: ids and samples never share a hash stream
+# Child indices of derive_ids, one per way a Gaussian is born (unique within one event).
+DUPLICATE, SPLIT_A, SPLIT_B, RELOCATED, ADDED = 0, 1, 2, 3, 4
+
+
+def _srl(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 x by k (0 < k < 64)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def splitmix64(x: Tensor) -> Tensor:
+    """splitmix64's output function of state x + golden gamma, elementwise on int64."""
+    z = x + _GOLDEN
+    z = (z ^ _srl(z, 30)) * _MIX1
+    z = (z ^ _srl(z, 27)) * _MIX2
+    return z ^ _srl(z, 31)
+
+
+def hash_keys(*keys, device: Optional[torch.device] = None) -> Tensor:
+    """One 64-bit hash per broadcast element of the int keys (ints or int64 tensors):
+    h = splitmix64(... splitmix64(splitmix64(k0) ^ k1) ... ^ kn)."""
+    h = None
+    for k in keys:
+        k = torch.as_tensor(k, dtype=torch.int64, device=device)
+        h = splitmix64(k if h is None else h ^ k)
+    return h
+
+
+def initial_ids(bounds: Tuple[int, int], device: Optional[torch.device] = None) -> Tensor:
+    """Ids of this rank's initial Gaussians [N]: their global indices [start, end)."""
+    return torch.arange(bounds[0], bounds[1], dtype=torch.int64, device=device)
+
+
+def derive_ids(parent: Tensor, step: int, child: int) -> Tensor:
+    """Ids [N] of the Gaussians born at `step` from `parent` [N] as child number `child`:
+    a function of (parent id, step, child) only, so every W names them alike."""
+    return hash_keys(_CHILD_KEY, parent, step, child)
+
+
+def normal_samples(seed: int, step: int, ids: Tensor, n: int) -> Tensor:
+    """[N, n] float64 standard normal samples, sample j of row i a function of (seed, step,
+    ids[i], j) only: two 53-bit uniforms from the hash, one Box-Muller normal."""
+    j = torch.arange(n, dtype=torch.int64, device=ids.device)
+    base = hash_keys(_NORMAL_KEY, seed, step, ids[:, None], device=ids.device)  # [N, 1]
+    u1 = (_srl(hash_keys(base, 2 * j), 11) + 1).double() * 2.0**-53  # [N, n] in (0, 1]: log is finite
+    u2 = _srl(hash_keys(base, 2 * j + 1), 11).double() * 2.0**-53  # [N, n] in [0, 1)
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+
+
+def to_float_rows(v: Tensor) -> Tensor:
+    """Per-Gaussian state [N, ...] as float32 rows that travel exactly with float payloads
+    (rebalancing's move_rows): floats as float32, int64 ids as four 16-bit pieces [N, 4]
+    (exact in float32 and float64)."""
+    if v.dtype != torch.int64:
+        return v.float()
+    return torch.stack([_srl(v, 16 * i) & 0xFFFF for i in range(4)], dim=-1).float()
+
+
+def from_float_rows(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Inverse of to_float_rows for state of `dtype`."""
+    if dtype != torch.int64:
+        return x.to(dtype)
+    pieces = x.round().long()  # [N, 4]
+    return sum(pieces[:, i] << (16 * i) for i in range(4))

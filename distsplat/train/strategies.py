@@ -8,7 +8,18 @@ true, so opacities are never reset. Our subclass performs the reset the code int
 One addition: `growth_check(params, n_new) -> bool`, set by the trainer (its memory guard,
 memory.py), is asked before each growth with the exact number of Gaussians the growth would
 add; False skips that growth only (DefaultStrategy still prunes, MCMCStrategy still
-relocates). None (the default) always grows, as gsplat does."""
+relocates). None (the default) always grows, as gsplat does.
+
+And persistent Gaussian ids (gaussians.py), so that densification is W-invariant: the state
+carries "uid" [N] int64 (one id per Gaussian, with its chunk) and "seed". Duplicate and
+split give their newborns ids derived from (parent id, step, child index), and the split
+draws its offsets from normal_samples(seed, step, id): the same Gaussians grow the same
+children on any W, in any order (gsplat's split draws from the rank's torch RNG, whose
+stream depends on which rank holds which Gaussians). Prune, duplicate and split carry the
+ids like any per-Gaussian state. MCMC stays per rank by design (its multinomial draws come
+from the rank's RNG); it only keeps the ids unique: a relocated Gaussian gets an id derived
+from its slot's old one, an added one from the id of the row at its position j < N. A
+state without "uid" (a strategy used on its own) numbers its Gaussians 0..N-1 first."""
 
 from __future__ import annotations
 
@@ -19,6 +30,9 @@ import torch
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 from gsplat.strategy import MCMCStrategy as GsplatMCMCStrategy
 from gsplat.strategy.ops import reset_opa
+
+from .gaussians import ADDED, RELOCATED, derive_ids
+from .strategy_ops import duplicate_with_ids, ids_of, split_with_ids
 
 __all__ = ["DefaultStrategy", "MCMCStrategy"]
 
@@ -47,22 +61,45 @@ class DefaultStrategy(GsplatDefaultStrategy):
         if 0 < step < self.refine_stop_iter and step % self.reset_every == 0:
             reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
 
-    def growth_candidates(self, params: Dict[str, torch.Tensor], state: Dict[str, Any], step: int) -> int:
-        """Gaussians the next `_grow_gs` adds: one per duplicated Gaussian, one per split
-        (two replace one), with gsplat's masks (a Gaussian may be both)."""
+    def initialize_state(self, scene_scale: float = 1.0, seed: int = 0) -> Dict[str, Any]:
+        """gsplat's state plus "uid" (set by the trainer, else numbered at first growth)
+        and the run's `seed` (the split's samples)."""
+        return {**super().initialize_state(scene_scale=scene_scale), "uid": None, "seed": seed}
+
+    def grow_masks(self, params: Dict[str, torch.Tensor], state: Dict[str, Any], step: int
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """gsplat's masks [N] of the Gaussians to duplicate (high 2D gradient, small) and to
+        split (high gradient, large; or too large on screen while that rule is on)."""
         grads = state["grad2d"] / state["count"].clamp_min(1)  # [N]
         is_high = grads > self.grow_grad2d
         is_small = torch.exp(params["scales"]).max(dim=-1).values <= self.grow_scale3d * state["scene_scale"]
         is_split = is_high & ~is_small
         if step < self.refine_scale2d_stop_iter:
             is_split |= state["radii"] > self.grow_scale2d
-        return int(((is_high & is_small).sum() + is_split.sum()).item())  # one host sync, refine steps only
+        return is_high & is_small, is_split
+
+    def growth_candidates(self, params: Dict[str, torch.Tensor], state: Dict[str, Any], step: int) -> int:
+        """Gaussians the next `_grow_gs` adds: one per duplicated Gaussian, one per split
+        (two replace one), with gsplat's masks (a Gaussian may be both)."""
+        is_dupli, is_split = self.grow_masks(params, state, step)
+        return int((is_dupli.sum() + is_split.sum()).item())  # one host sync, refine steps only
 
     @torch.no_grad()
     def _grow_gs(self, params, optimizers, state, step) -> Tuple[int, int]:
+        """gsplat's growth (duplicate first, then split; duplicates are not split), with ids
+        and the split's samples drawn by id."""
         if self.growth_check is not None and not self.growth_check(params, self.growth_candidates(params, state, step)):
             return 0, 0
-        return super()._grow_gs(params, optimizers, state, step)
+        ids_of(state, len(params["means"]), params["means"].device)  # a standalone state numbers its Gaussians now
+        is_dupli, is_split = self.grow_masks(params, state, step)
+        n_dupli, n_split = int(is_dupli.sum().item()), int(is_split.sum().item())
+        if n_dupli > 0:
+            duplicate_with_ids(params, optimizers, state, is_dupli, step)
+        if n_split > 0:
+            is_split = torch.cat([is_split, is_split.new_zeros(n_dupli)])  # [N + n_dupli]
+            split_with_ids(params, optimizers, state, is_split, step, state.get("seed", 0),
+                           revised_opacity=self.revised_opacity)
+        return n_dupli, n_split
 
 
 @dataclass
@@ -71,6 +108,24 @@ class MCMCStrategy(GsplatMCMCStrategy):
     `growth_check`."""
 
     growth_check: ClassVar[Optional[GrowthCheck]] = None
+
+    def initialize_state(self, seed: int = 0) -> Dict[str, Any]:
+        """gsplat's state (binoms) plus "uid" (see the module doc) and the run's seed."""
+        return {**super().initialize_state(), "uid": None, "seed": seed}
+
+    def step_post_backward(self, params, optimizers, state, step, info, lr) -> None:
+        """gsplat's step (relocate, add, noise), then the ids of relocated and added rows.
+        gsplat's relocate and add see no state (they are passed {}), so the ids are set
+        here: a dead Gaussian (the same test as gsplat's, before relocation) is reborn."""
+        refine = self.refine_start_iter < step < self.refine_stop_iter and step % self.refine_every == 0
+        if refine:
+            ids = ids_of(state, len(params["means"]), params["means"].device)
+            dead = torch.sigmoid(params["opacities"].flatten()) <= self.min_opacity  # [N]
+        super().step_post_backward(params, optimizers, state, step, info, lr)
+        if refine:
+            ids = torch.where(dead, derive_ids(ids, step, RELOCATED), ids)
+            n_new = len(params["means"]) - len(ids)
+            state["uid"] = torch.cat([ids, derive_ids(ids[:n_new], step, ADDED)])
 
     @torch.no_grad()
     def _add_new_gs(self, params, optimizers, binoms) -> int:

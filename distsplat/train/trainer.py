@@ -40,7 +40,8 @@ from . import checkpoint as ck
 from . import strategy_ops
 from .config import Config
 from .evaluate import evaluate, test_owners
-from .gaussians import activated, create_optimizers, init_gaussians, random_points
+from .gaussians import (activated, create_optimizers, from_float_rows, init_gaussians, initial_ids,
+                        random_points, to_float_rows)
 from .losses import photometric_loss
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
@@ -49,7 +50,8 @@ from .scene_setup import check_single_size, load_scene, scene_scale
 
 log = logging.getLogger(__name__)
 
-PER_GAUSSIAN_STATE = ("grad2d", "count", "radii")  # DefaultStrategy's per-Gaussian accumulators
+# Per-Gaussian strategy state: DefaultStrategy's accumulators and every Gaussian's id.
+PER_GAUSSIAN_STATE = ("grad2d", "count", "radii", "uid")
 
 
 class Trainer:
@@ -94,8 +96,8 @@ class Trainer:
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)
 
-        # Densification draws from torch's global RNG (MCMC's multinomial and noise, the
-        # default strategy's split samples): one seeded stream per rank makes runs repeat.
+        # MCMC draws from torch's global RNG (multinomial, noise; the default strategy's split
+        # draws by Gaussian id instead): one seeded stream per rank makes runs repeat.
         seed_rank_rng(cfg.seed, r)
         self._init_gaussians()
         self.start_step = 0
@@ -143,6 +145,8 @@ class Trainer:
             self.strategy_state = self.strategy.initialize_state()
         else:
             self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
+        # Persistent Gaussian ids, their global indices now (densification names and draws by id).
+        self.strategy_state.update(uid=initial_ids(bounds, self.device), seed=cfg.seed)
         self.strategy.check_sanity(self.params, self.optimizers)
 
     def _init_memory_guard(self) -> None:
@@ -153,7 +157,8 @@ class Trainer:
         else:
             limit, source = int(cfg.memory_limit_gb * 2**30), f"--memory_limit_gb {cfg.memory_limit_gb:g}"
         mcmc = isinstance(self.strategy, MCMCStrategy)
-        accumulators = 0 if mcmc else 2 + (self.strategy.refine_scale2d_stop_iter > 0)  # grad2d, count (, radii)
+        # float32 slots: the int64 id (2), grad2d, count (, radii)
+        accumulators = 2 + (0 if mcmc else 2 + (self.strategy.refine_scale2d_stop_iter > 0))
         advice = ("lower --strategy.cap_max" if mcmc else
                   "densify less (a higher --strategy.grow_grad2d, an earlier --strategy.refine_stop_iter)")
         self.memory_guard = MemoryGuard(limit, cfg.memory_fraction, self.ctx.rank, accumulators=accumulators,
@@ -328,7 +333,7 @@ class Trainer:
         for k in PER_GAUSSIAN_STATE:
             v = self.strategy_state.get(k)
             if isinstance(v, Tensor) and v.shape[:1] == (n_local,):
-                rows[f"s/{k}"] = v.float()
+                rows[f"s/{k}"] = to_float_rows(v)  # ids travel exactly
         moved = move_rows(rows, counts, chunk_bounds(sum(counts), self.ctx.world_size))
         payload = {"params": {}, "optim": {}, "per_gaussian": {}}
         for name, p in self.params.items():
@@ -339,7 +344,7 @@ class Trainer:
         payload["per_gaussian"] = {k[2:]: v for k, v in moved.items() if k.startswith("s/")}
         extra = ck.load_rows_into(payload, self.params, self.optimizers, self.device)
         for k, v in extra.items():
-            self.strategy_state[k] = v.to(self.strategy_state[k].dtype)
+            self.strategy_state[k] = from_float_rows(v, self.strategy_state[k].dtype)
         if self.ctx.is_main:
             log.info("rebalanced %d Gaussians: per-rank counts %s -> %s", sum(counts), counts,
                      [e - s for s, e in chunk_bounds(sum(counts), self.ctx.world_size)])
@@ -432,6 +437,11 @@ class Trainer:
         ck.verify_shards(meta, ck.shards_for_rows(meta, *bounds) + ([self.ctx.rank] if same_w else []))
         rows = ck.read_rows(meta, *bounds, verify=False)
         extra = ck.load_rows_into(rows, self.params, self.optimizers, self.device)
+        if "uid" not in extra:
+            extra["uid"] = initial_ids(bounds, self.device)
+            if self.ctx.is_main:
+                log.warning("--ckpt %s holds no Gaussian ids (written before they existed): its "
+                            "Gaussians are numbered by their global order now", meta["dir"])
         for k, v in extra.items():
             self.strategy_state[k] = v
         self.n_all = n_all

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from distsplat.train.strategies import DefaultStrategy, MCMCStrategy
 
-from distsplat.distributed import CameraBatcher, chunk_bounds, distributed_rasterize, gather_counts
+from distsplat.distributed import CameraBatch, CameraBatcher, chunk_bounds, distributed_rasterize, gather_counts
 from distsplat.train.config import Config, SyntheticConfig
 from distsplat.train.gaussians import activated, create_optimizers
 from distsplat.train.trainer import Trainer
@@ -28,17 +28,42 @@ def tiny_config(result_dir: str, **overrides: Any) -> Config:
     return cfg
 
 
+class ReplayBatcher:
+    """The global batches that `shards` ranks of one camera each would draw
+    (CameraBatcher(n, shards, 1, seed)), their cameras handed to this run's W ranks in
+    contiguous groups of shards (chunk_bounds), with the images: W=1 and W=2 train on
+    exactly W=3's batches. Everything else (epochs, state) is the replayed batcher's."""
+
+    def __init__(self, real: CameraBatcher, shards: int):
+        self.inner = CameraBatcher(real.num_cameras, shards, 1, real.seed)
+        groups = chunk_bounds(shards, real.world_size)  # [W] the shards each rank replays
+        self.slots = [list(range(a, b)) for a, b in groups]
+        self.owner = torch.tensor([r for r, (a, b) in enumerate(groups) for _ in range(a, b)])  # [shards]
+
+    def own_cameras(self, rank: int) -> torch.Tensor:
+        return torch.cat([self.inner.own_cameras(s) for s in self.slots[rank]]).sort().values
+
+    def batch(self, epoch: int, step: int) -> CameraBatch:
+        b = self.inner.batch(epoch, step)
+        return CameraBatch(b.cameras, self.owner.clone(), b.epoch, b.step)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 class ReplayTrainer(Trainer):
-    """One rank replaying the global batches that `shards` ranks would draw (all owned by
-    rank 0), so a W=1 run sees exactly the W=shards run's batches."""
+    """A run of W ranks replaying the global batches that `shards` ranks would draw, so
+    W=1 (or W=2) sees exactly the W=shards run's batches."""
 
     shards = 2
 
-    def _batch(self, step: int):
-        if not hasattr(self, "replay"):  # first asked during setup(), by the loader's prefetch
-            self.replay = CameraBatcher(len(self.train_idx), self.shards, 1, self.cfg.seed)
-        b = self.replay.batch(*divmod(step, self.replay.steps_per_epoch))
-        return type(b)(b.cameras, torch.zeros_like(b.camera_owner), b.epoch, b.step)
+    @property
+    def batcher(self):
+        return self._replay
+
+    @batcher.setter
+    def batcher(self, real: CameraBatcher) -> None:  # setup() builds the real one
+        self._replay = ReplayBatcher(real, self.shards)
 
 
 def fixed_view_render(trainer: Trainer) -> Optional[torch.Tensor]:
@@ -58,9 +83,10 @@ def _params(trainer: Trainer) -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.params.items()}
 
 
-def to_float64(trainer: Trainer, anisotropic: float = 0.0) -> None:
-    """Float64 parameters, optimizers and cameras: Adam's tiny eps turns float32 rounding of
-    near-zero gradients into lr-sized steps, so exact W-invariance is checked in float64.
+def to_float64(trainer: Trainer, global_batch: int, anisotropic: float = 0.0) -> None:
+    """Float64 parameters, optimizers (Adam scaled for `global_batch`), cameras and 2D
+    gradient sums: Adam's tiny eps turns float32 rounding of near-zero gradients into
+    lr-sized steps, so exact W-invariance is checked in float64.
     anisotropic: adds a seeded uniform(-a, a) to every log scale (the same draw for all
     Gaussians, this rank's rows kept). gsplat's initial scales are isotropic, which makes
     the quaternions' true gradient exactly zero: what backward returns is then rounding
@@ -73,9 +99,11 @@ def to_float64(trainer: Trainer, anisotropic: float = 0.0) -> None:
         jitter = (torch.rand(trainer.n_all, 3, generator=g, dtype=torch.float64) * 2 - 1) * anisotropic
         params["scales"] = params["scales"] + jitter[start:end]
     trainer.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v) for k, v in params.items()})
-    trainer.optimizers = create_optimizers(trainer.params, trainer.cfg.batch_size * trainer.ctx.world_size,
-                                           trainer.scene_scale)
+    trainer.optimizers = create_optimizers(trainer.params, global_batch, trainer.scene_scale)
+    trainer.means_lr0 = trainer.optimizers["means"].param_groups[0]["lr"]  # the schedule's start
     trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
+    if "grad2d" in trainer.strategy_state:  # DefaultStrategy's gradient sum (gsplat's is float32)
+        trainer.strategy_state["grad2d"] = torch.zeros(len(trainer.params["means"]), dtype=torch.float64)
 
 
 def record_adam(trainer: Trainer) -> Dict[str, Dict[str, List[torch.Tensor]]]:
@@ -114,7 +142,8 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
     try:
         trainer.setup()
         if float64:
-            to_float64(trainer, anisotropic)
+            to_float64(trainer, len(trainer._batch(0).cameras), anisotropic)
+        events = _count_events(trainer) if float64 else {}
         rec = record_adam(trainer) if record else None
         if drop_rank_grad == ctx.rank:
             def drop(opt, args, kwargs):
@@ -125,7 +154,8 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
         metrics = trainer.train()
         out = {"params": _params(trainer), "metrics": metrics, "render": fixed_view_render(trainer),
                "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
-               "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state()}
+               "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state(),
+               "uid": trainer.strategy_state["uid"].clone(), "events": events}
         if rec is not None:
             out["adam"] = {k: {f: (torch.stack(v) if f != "lr" else torch.tensor(v)) for f, v in r.items()}
                            for k, r in rec.items()}
@@ -134,13 +164,50 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
         trainer.cleanup()
 
 
+def _count_events(trainer: Trainer) -> Dict[str, Any]:
+    """Counts this rank's duplicated, split and pruned Gaussians, and records how far from
+    its threshold any refine decision was: the smallest relative margin of a 2D gradient
+    to grow_grad2d, of a largest scale to grow_scale3d and prune_scale3d (x scene scale),
+    of an opacity to prune_opa (by wrapping the strategy's grow and prune)."""
+    s = trainer.strategy
+    events: Dict[str, Any] = {"dupli": 0, "split": 0, "prune": 0, "margin": float("inf")}
+    grow, prune = s._grow_gs, s._prune_gs
+
+    def margin(x: torch.Tensor, threshold: float) -> float:
+        return float(((x.detach().double() - threshold).abs() / threshold).min()) if len(x) else float("inf")
+
+    def grow_gs(params, optimizers, st, step):
+        grads = st["grad2d"] / st["count"].clamp_min(1)
+        size = torch.exp(params["scales"]).max(dim=-1).values
+        events["margin"] = min(events["margin"], margin(grads, s.grow_grad2d),
+                               margin(size, s.grow_scale3d * st["scene_scale"]))
+        n_dupli, n_split = grow(params, optimizers, st, step)
+        events["dupli"] += n_dupli
+        events["split"] += n_split
+        return n_dupli, n_split
+
+    def prune_gs(params, optimizers, st, step):
+        size = torch.exp(params["scales"]).max(dim=-1).values
+        events["margin"] = min(events["margin"], margin(torch.sigmoid(params["opacities"]), s.prune_opa),
+                               margin(size, s.prune_scale3d * st["scene_scale"]))
+        n = prune(params, optimizers, st, step)
+        events["prune"] += n
+        return n
+
+    s._grow_gs, s._prune_gs = grow_gs, prune_gs
+    return events
+
+
 def resume(ctx, cfg: Config) -> Dict[str, Any]:
     """Sets up from cfg.ckpt (no training) and renders the fixed view."""
     trainer = Trainer(copy.deepcopy(cfg), ctx)
     try:
         trainer.setup()
+        if trainer.params["means"].dtype == torch.float64:  # a float64 run's checkpoint
+            trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
         return {"params": _params(trainer), "render": fixed_view_render(trainer),
-                "start_step": trainer.start_step, "rng": torch.get_rng_state()}
+                "start_step": trainer.start_step, "rng": torch.get_rng_state(),
+                "uid": trainer.strategy_state["uid"].clone()}
     finally:
         trainer.cleanup()
 
