@@ -12,9 +12,10 @@ parameters per Gaussian (means 3, scales 3, quats 4, opacities 1, sh0 3, shN 3(K
     B = e * [4 P                  parameter, its gradient, Adam's exp_avg and exp_avg_sq
              + 2 (4 + 3K)         the step's activated copies (exp scales, sigmoid opacities,
                                   SH colours [K, 3]) and their gradients
-             + A]                 strategy accumulators (default: grad2d, count (+ radii); MCMC: 0)
+             + A]                 per-Gaussian strategy state in e-byte units: the int64 id (2),
+                                  and the default strategy's grad2d, count (+ radii)
 
-float32, sh_degree 3 (K = 16, P = 59): B = 4 (236 + 104 + 2) = 1368 bytes (default), 1360
+float32, sh_degree 3 (K = 16, P = 59): B = 4 (236 + 104 + 4) = 1376 bytes (default), 1368
 (MCMC). Growth also copies one parameter at a time (torch.cat keeps the old tensor alive
 while the new one is built), so a growth of n_new Gaussians on a rank holding N needs
 

@@ -27,13 +27,15 @@ def _params(n: int, sh_degree: int = 3, seed: int = 0) -> torch.nn.ParameterDict
 
 
 def test_bytes_per_gaussian_matches_the_tensors_of_a_step():
-    """B = 4 bytes x [4 P + 2 (4 + 3K) + A]: float32, SH degree 3 (K = 16, P = 59), the
-    default strategy's two accumulators: 1368 B; the widest row (shN) is 180 B."""
+    """B = 4 bytes x [4 P + 2 (4 + 3K) + A]: float32, SH degree 3 (K = 16, P = 59), A = 2
+    (MCMC's per-Gaussian state: the int64 id): 1368 B; the default strategy's A = 4 (id,
+    grad2d, count): 1376 B; the widest row (shN) is 180 B."""
     n = 1000
     params = _params(n)
     b, r = bytes_per_gaussian(dict(params), accumulators=2)
     assert (b, r) == (4 * (4 * 59 + 2 * (4 + 3 * 16) + 2), 4 * 45) == (1368, 180)
-    assert bytes_per_gaussian(dict(params), accumulators=0)[0] == 1360  # MCMC
+    assert bytes_per_gaussian(dict(params), accumulators=4)[0] == 1376  # the default strategy
+    assert bytes_per_gaussian(dict(params), accumulators=0)[0] == 1360
     assert bytes_per_gaussian(dict(_params(10, sh_degree=0)), 0) == (4 * (4 * 14 + 2 * 7), 16)  # widest: quats
 
     # The state part, measured: parameters + gradients + Adam moments + accumulators after a
