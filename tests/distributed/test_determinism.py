@@ -1,7 +1,7 @@
 """Determinism (issue 9, part 4; README "Determinism"): the real CLI under torchrun, run
 twice with the same seed and W, gives bit-identical metrics, PLY and checkpoint tensors,
-with densification that draws random numbers (the default strategy's splits, MCMC's
-relocation and noise). Across W the tolerance is the one test_trainer.py checks (the
+with densification that draws random numbers (the default strategy's splits, from a hash
+of (seed, step, Gaussian id); MCMC's relocation and noise, from the rank's stream). Across W the tolerance is the one test_trainer.py checks (the
 same global batches give the same parameters); the CLI draws other batches on another
 W, and the bound below holds the measured difference of the final metrics."""
 
