@@ -49,6 +49,8 @@ MEASURES: Dict[str, List[str]] = {
     "cross_w_seeds_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
     "gsplat_compile_sm90": ["scripts/build_gsplat_ext.sh", "scripts/build_gsplat_ext.py"],
     "host_syncs_cuda": ["distsplat", "benchmarks/count_syncs.py"],
+    "mcmc_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
+    "default_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
 }
 
 
