@@ -70,6 +70,15 @@ def fake_ext():
     return ext
 
 
+def fall_back(env, caplog, folder):
+    """Points DISTSPLAT_GSPLAT_EXT at `folder` and asks for gsplat's ops: the JIT must be
+    chosen. Returns the log records (the warning that says why)."""
+    env.mp.setenv(gsplat_ext.ENV_VAR, str(folder))
+    with caplog.at_level(logging.WARNING, logger=gsplat_ext.__name__):
+        assert gsplat_ext.ensure_gsplat_ops() == "jit"
+    return caplog.records
+
+
 def test_no_env_uses_jit_without_warning(env, caplog):
     with caplog.at_level(logging.WARNING, logger=gsplat_ext.__name__):
         assert gsplat_ext.ensure_gsplat_ops() == "jit"
@@ -90,45 +99,33 @@ def test_no_env_uses_jit_without_warning(env, caplog):
 )
 def test_mismatched_build_falls_back_to_jit_with_a_warning(env, caplog, overrides, reason):
     write_build(env.dir, **overrides)
-    env.mp.setenv(gsplat_ext.ENV_VAR, str(env.dir))
     env.mp.setattr(gsplat_ext, "_load_extension", lambda p: env.calls["load"].append(p))
-    with caplog.at_level(logging.WARNING, logger=gsplat_ext.__name__):
-        assert gsplat_ext.ensure_gsplat_ops() == "jit"
+    [record] = fall_back(env, caplog, env.dir)
     assert env.calls == {"jit": 1, "load": []}
-    [record] = caplog.records
     assert record.levelno == logging.WARNING
     assert reason in record.getMessage() and "falling back to gsplat's JIT build" in record.getMessage()
 
 
 def test_missing_build_info_falls_back(env, caplog):
-    env.mp.setenv(gsplat_ext.ENV_VAR, str(env.dir / "nope"))
-    with caplog.at_level(logging.WARNING, logger=gsplat_ext.__name__):
-        assert gsplat_ext.ensure_gsplat_ops() == "jit"
-    [record] = caplog.records
+    [record] = fall_back(env, caplog, env.dir / "nope")
     assert "build_info.json not found" in record.getMessage()
     assert gsplat_ext.BUILD_SCRIPT in record.getMessage()
 
 
 def test_no_gpu_falls_back(env, caplog):
     write_build(env.dir)
-    env.mp.setenv(gsplat_ext.ENV_VAR, str(env.dir))
     env.mp.setattr(gsplat_ext, "_device_capability", lambda: None)
-    with caplog.at_level(logging.WARNING, logger=gsplat_ext.__name__):
-        assert gsplat_ext.ensure_gsplat_ops() == "jit"
-    assert "no CUDA device is visible" in caplog.records[0].getMessage()
+    assert "no CUDA device is visible" in fall_back(env, caplog, env.dir)[0].getMessage()
 
 
 def test_load_failure_falls_back(env, caplog):
     so = write_build(env.dir)
-    env.mp.setenv(gsplat_ext.ENV_VAR, str(env.dir))
 
     def broken(path):
         raise ImportError("libc10_cuda.so: cannot open shared object file")
 
     env.mp.setattr(gsplat_ext, "_load_extension", broken)
-    with caplog.at_level(logging.WARNING, logger=gsplat_ext.__name__):
-        assert gsplat_ext.ensure_gsplat_ops() == "jit"
-    msg = caplog.records[0].getMessage()
+    msg = fall_back(env, caplog, env.dir)[0].getMessage()
     assert f"loading {so} failed: ImportError: libc10_cuda.so" in msg
     assert gsplat_ext.BACKEND_MODULE not in sys.modules
 
@@ -136,10 +133,7 @@ def test_load_failure_falls_back(env, caplog):
 def test_real_loader_rejects_a_file_that_is_no_extension(env, caplog):
     """The real ExtensionFileLoader path: a bad file is a load failure, not a crash."""
     write_build(env.dir)
-    env.mp.setenv(gsplat_ext.ENV_VAR, str(env.dir))
-    with caplog.at_level(logging.WARNING, logger=gsplat_ext.__name__):
-        assert gsplat_ext.ensure_gsplat_ops() == "jit"
-    assert "failed: ImportError" in caplog.records[0].getMessage()
+    assert "failed: ImportError" in fall_back(env, caplog, env.dir)[0].getMessage()
 
 
 def test_good_build_is_injected_and_gsplat_wrapper_resolves_it(env, caplog):
