@@ -24,7 +24,7 @@ from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
 from .sources import FolderSource
-from .undistort import SUPPORTED, describe, plan_undistortion, split_params
+from .undistort import SUPPORTED, split_params, undistort_cameras
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def load_colmap(
     cam_sizes = np.array([(c.width, c.height) for c in cams], dtype=np.float64)
     Ks[:, 0, :] *= (sizes[:, 0] / cam_sizes[:, 0])[:, None]
     Ks[:, 1, :] *= (sizes[:, 1] / cam_sizes[:, 1])[:, None]
-    undistort = _undistort(cams, Ks, sizes, cam_file)  # Ks, sizes become the pinhole cameras'
+    undistort = undistort_cameras(cams, Ks, sizes, lambda c: f"{cam_file} camera {c.id} ({c.model})")
 
     train, test = _split(data_dir, names, test_every)
     points = model.points.xyz.astype(np.float32)
@@ -127,27 +127,6 @@ def load_colmap(
         source_sizes=np.array(stored, dtype=np.int64) if on_the_fly or undistort else None, transform=transform,
         kind="colmap", undistort=undistort,
     )
-
-
-def _undistort(cams: Sequence[colmap_io.Camera], Ks: np.ndarray, sizes: np.ndarray, cam_file: Path):
-    """Plans the undistortion of each distorted camera (one plan per camera and loaded size,
-    shared by its images) and writes the pinhole K [C, 3, 3] and size [C, 2] in place.
-    Returns the per-image plans, or None when no camera is distorted."""
-    plans: dict = {}
-    per_image = []
-    for i, cam in enumerate(cams):
-        key = (cam.id, int(sizes[i, 0]), int(sizes[i, 1]))
-        if key not in plans:
-            plans[key] = plan_undistortion(cam.model, cam.params, Ks[i], (key[1], key[2]),
-                                           f"{cam_file} camera {cam.id} ({cam.model})")
-        u = plans[key]
-        per_image.append(u)
-        if u is not None:
-            Ks[i], sizes[i] = u.K_new, u.size
-    if not any(u is not None for u in per_image):
-        return None
-    log.info("undistorting on load (each rank its own images): %s", describe(plans))
-    return per_image
 
 
 def _no_image_folder(data_dir: Path, factor: int) -> str:

@@ -44,7 +44,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -220,7 +220,25 @@ def _fisheye_pinhole(cv2, K: np.ndarray, dist: np.ndarray, w: int, h: int, camer
     return K_new, (int(W), int(H))
 
 
-def describe(plans: Dict[object, Optional[Undistortion]]) -> str:
-    """One log line's worth: each distorted camera's sizes before and after."""
+def undistort_cameras(cams: Sequence, Ks: np.ndarray, sizes: np.ndarray,
+                      label: Callable[[object], str]) -> Optional[List[Optional[Undistortion]]]:
+    """Plans the undistortion of each image's camera (`cams[i]`: .id, .model, .params; one
+    plan per camera and loaded size, shared by its images) and writes the pinhole K
+    [C, 3, 3] and size [C, 2] (w, h) in place. Returns the per-image plans, or None when
+    no camera is distorted. `label(cam)` names the camera in messages."""
+    plans: Dict[tuple, Optional[Undistortion]] = {}
+    per_image: List[Optional[Undistortion]] = []
+    for i, cam in enumerate(cams):
+        key = (cam.id, int(sizes[i, 0]), int(sizes[i, 1]))
+        if key not in plans:
+            plans[key] = plan_undistortion(cam.model, cam.params, Ks[i], (key[1], key[2]), label(cam))
+        u = plans[key]
+        per_image.append(u)
+        if u is not None:
+            Ks[i], sizes[i] = u.K_new, u.size
+    if not any(u is not None for u in per_image):
+        return None
     done = [u for u in plans.values() if u is not None]
-    return "; ".join(f"{u.camera}: {u.in_size[0]}x{u.in_size[1]} -> pinhole {u.size[0]}x{u.size[1]}" for u in done)
+    log.info("undistorting on load, each rank its own images: %s",
+             "; ".join(f"{u.camera}: {u.in_size[0]}x{u.in_size[1]} -> pinhole {u.size[0]}x{u.size[1]}" for u in done))
+    return per_image
