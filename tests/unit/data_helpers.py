@@ -16,7 +16,9 @@ from distsplat.data.synthetic import make_synthetic_scene, splat_points
 
 
 def rotmat_to_qvec(R: np.ndarray) -> np.ndarray:
-    """[3, 3] rotation -> (w, x, y, z), for writing COLMAP models."""
+    """[3, 3] rotation -> (w, x, y, z), for writing COLMAP models: the inverse of
+    colmap_io.qvec_to_rotmat (COLMAP's rotmat2qvec, whose `Ryx` is R[0, 1])."""
+    R = R.T
     K = np.array([
         [R[0, 0] - R[1, 1] - R[2, 2], 0, 0, 0],
         [R[1, 0] + R[0, 1], R[1, 1] - R[0, 0] - R[2, 2], 0, 0],
