@@ -187,6 +187,9 @@ def colmap_to_nerfstudio(colmap_root: Path, out: Path, per_frame: bool = False) 
         if cam.model == "SIMPLE_RADIAL":
             return {"camera_model": "OPENCV", "fl_x": p[0], "fl_y": p[0], "cx": p[1], "cy": p[2], "k1": p[3],
                     "k2": 0.0, "p1": 0.0, "p2": 0.0, "w": cam.width, "h": cam.height}
+        if cam.model == "PINHOLE":
+            return {"camera_model": "PINHOLE", "fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3],
+                    "w": cam.width, "h": cam.height}
         assert cam.model == "OPENCV", cam.model
         return {"camera_model": "OPENCV", "fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3], "k1": p[4],
                 "k2": p[5], "p1": p[6], "p2": p[7], "w": cam.width, "h": cam.height}
