@@ -65,7 +65,7 @@ def test_a_rank_undistorts_only_its_own_images_once(two_cameras, monkeypatch):
             raw = np.asarray(Image.open(scene.images.where(cam)).convert("RGB"))
             np.testing.assert_array_equal(out, original(scene.undistort[cam], raw))
     assert sorted(calls) == sorted(scene.images.where(c) for c in (0, 2))
-    assert scene.undistort[0]._maps is not None and scene.undistort[1]._maps is None
+    assert scene.undistort[0]._maps is not None and scene.undistort[1]._maps is None  # fisheye: never computed
 
 
 def test_undistorted_size_of_images_n_is_planned_at_the_scaled_intrinsics(two_cameras, tmp_path):
