@@ -34,7 +34,7 @@ class Scene:
     train: np.ndarray  # [C_train] int64 camera indices
     test: np.ndarray  # [C_test] int64 camera indices
     images: Optional[ImageSource]  # encoded images by camera index; None until a synthetic scene is rendered
-    source_sizes: Optional[np.ndarray] = None  # [C_all, 2] (w, h) of the stored images when they are resized on load
+    source_sizes: Optional[np.ndarray] = None  # [C_all, 2] (w, h) of the stored images when resized or undistorted on load
     background: Optional[Tuple[int, int, int]] = None  # RGB that RGBA images are composited on
     transform: np.ndarray = field(default_factory=lambda: np.eye(4))  # [4, 4] normalised world = transform @ input world
     gaussians: Optional[Dict[str, np.ndarray]] = None  # ground-truth Gaussians of a synthetic scene
