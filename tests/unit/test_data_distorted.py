@@ -14,6 +14,7 @@ from PIL import Image
 
 from distsplat.data import DataError, ImageCache, load_colmap, load_nerfstudio
 from distsplat.data.nerfstudio import read_ply_points
+from distsplat.data.synthetic import make_synthetic_scene
 from distsplat.data.undistort import Undistortion, plan_undistortion, split_params
 
 from .data_helpers import colmap_to_nerfstudio, make_distorted_colmap
@@ -42,6 +43,10 @@ def test_two_cameras_of_different_models_become_their_pinhole_cameras(two_camera
     u = scene.undistort
     assert u[0] is u[2] is u[4] and u[1] is u[3] is u[5] and u[0] is not u[1]  # one plan (and maps) per camera
     assert {u[0].size, u[1].size} == {(63, 47), (79, 59)}
+    # The poses are the synthetic scene's the images were rendered from (the helper's
+    # quaternions were once transposed rotations, unseen by tests comparing two readers).
+    np.testing.assert_allclose(scene.camtoworlds, make_synthetic_scene(num_cameras=6, num_gaussians=400).camtoworlds,
+                               atol=1e-9)
 
 
 def test_a_rank_undistorts_only_its_own_images_once(two_cameras, monkeypatch):
