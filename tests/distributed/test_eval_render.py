@@ -1,0 +1,63 @@
+"""Scoring and rendering a finished run without training, through the real CLI under
+torchrun: a 2-rank training of the built-in scene, then --eval_only on 1 and 3 ranks
+(the same metrics as the training's final evaluation) and --render_only (a camera-path video)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from torchrun_cli import TINY_FLAGS, torchrun
+
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "r"
+    p = torchrun(["default", "--max_steps", str(STEPS), "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
+                  "--result_dir", str(out), *TINY_FLAGS])
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+def read_csv(path: Path) -> dict:
+    with open(path, newline="") as f:
+        return {row["name"]: row for row in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_eval_only_on_1_and_3_ranks_gives_the_training_final_metrics(trained, tmp_path):
+    final = json.loads((trained / "stats" / f"val_step{STEPS:04d}.json").read_text())
+    rows = read_csv(trained / "stats" / f"val_step{STEPS:04d}.csv")
+    assert len(rows) == final["num_test_images"] == 2  # 12 cameras, every 8th a test camera
+    for w in (1, 3):
+        out = tmp_path / f"eval{w}"
+        p = torchrun(["default", "--eval_only", "--ckpt", str(trained / "ckpts"), "--result_dir", str(out),
+                      *TINY_FLAGS], nproc=w)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "(eval only)" in p.stdout
+        got = json.loads((out / "stats" / f"val_step{STEPS:04d}.json").read_text())
+        assert got["step"] == STEPS and got["num_GS"] == final["num_GS"]
+        # Each test image is scored by one rank; the summed matrix holds one non-zero per entry,
+        # so the reduction is exact. A render on another W composites the same depth-sorted
+        # pairs, received in another rank order: at most a few float32 roundings per pixel
+        # (~1e-6 of a value <= 1), which moves PSNR (~22 dB, RMSE ~0.08) by
+        # 20/ln10 * 1e-6 / 0.08 ~ 1e-4 dB and SSIM by ~1e-6 (test_trainer's W tolerances).
+        assert got["psnr"] == pytest.approx(final["psnr"], abs=1e-4)
+        assert got["ssim"] == pytest.approx(final["ssim"], abs=1e-5)
+        assert (got["lpips"] is None) == (final["lpips"] is None)
+        if got["lpips"] is not None:
+            assert got["lpips"] == pytest.approx(final["lpips"], abs=1e-5)
+        got_rows = read_csv(out / "stats" / f"val_step{STEPS:04d}.csv")
+        assert got_rows.keys() == rows.keys()
+        for name, row in rows.items():  # the CSV keeps 6 decimals
+            assert float(got_rows[name]["psnr"]) == pytest.approx(float(row["psnr"]), abs=1e-4)
+            assert float(got_rows[name]["ssim"]) == pytest.approx(float(row["ssim"]), abs=1e-5)
+        renders = sorted(p.name for p in (out / "renders").glob(f"val_step{STEPS:04d}_*.png"))
+        assert renders == sorted(p.name for p in (trained / "renders").glob(f"val_step{STEPS:04d}_*.png"))
+        assert renders and not (out / "ckpts").exists()  # nothing trained, nothing saved
+
