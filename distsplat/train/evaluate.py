@@ -1,8 +1,9 @@
 """Evaluation on the test cameras: each rank renders (with the distributed render) only
 the test cameras it owns and scores them against its own images; per-image PSNR, SSIM
-and LPIPS land in a matrix indexed by test camera, summed across ranks (every other
-entry is zero, so the sum is exact), and averaged in the same order on every rank, so the
-metrics do not depend on the number of ranks."""
+(as gsplat reports it: losses.ssim_eval) and LPIPS land in a matrix indexed by test
+camera, summed across ranks (every other entry is zero, so the sum is exact), and
+averaged in the same order on every rank, so the metrics do not depend on the number of
+ranks."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds, distributed_rasterize
-from .losses import psnr, ssim
+from .losses import psnr, ssim_eval
 from .outputs import save_image
 
 METRICS = ("psnr", "ssim", "lpips")  # rows of the per-image score matrix
@@ -73,7 +74,7 @@ def evaluate(
             render = colors[0].clamp(0, 1)
             gt = read_image(p)
             scores[0, p] = psnr(render[None], gt[None])[0].double()
-            scores[1, p] = ssim(render[None], gt[None]).double()
+            scores[1, p] = ssim_eval(render[None], gt[None])[0].double()
             if lpips is not None:
                 scores[2, p] = lpips(render[None], gt[None])[0].double()
             if p < save_renders:
