@@ -28,6 +28,9 @@ BACKBONE_FILES = {"alex": "alexnet-owt-7be5be79.pth", "vgg": "vgg16-397923af.pth
 CHANNELS = {"alex": [64, 192, 384, 256, 256], "vgg": [64, 128, 256, 512, 512]}
 # Index of the layer after each cut in torchvision's `features` Sequential (each cut ends on a ReLU).
 CUTS = {"alex": [2, 5, 8, 10, 12], "vgg": [4, 9, 16, 23, 30]}
+# The smallest image side whose features survive to the fifth cut (AlexNet: stride 4 and two
+# 3x3/2 poolings; VGG: four 2x2 poolings).
+MIN_SIDE = {"alex": 31, "vgg": 16}
 # Where each package keeps the heads, relative to the package folder.
 HEAD_FILES = {"torchmetrics": "functional/image/lpips_models/{net}.pth", "lpips": "weights/v0.1/{net}.pth"}
 
@@ -140,9 +143,14 @@ def find_weights(net: str, weights: Optional[str] = None, heads: Optional[str] =
 
 
 def load_lpips(net: str = "alex", weights: Optional[str] = None, heads: Optional[str] = None,
-               device: torch.device = torch.device("cpu")) -> Tuple[Optional[LPIPS], str]:
-    """(the network, where its weights came from) or (None, why LPIPS is skipped). A file
-    that is there but unreadable or of the wrong network raises ValueError naming it."""
+               device: torch.device = torch.device("cpu"), min_side: Optional[int] = None
+               ) -> Tuple[Optional[LPIPS], str]:
+    """(the network, where its weights came from) or (None, why LPIPS is skipped: no weights,
+    or images whose smaller side `min_side` is too small for the network). A file that is
+    there but unreadable or of the wrong network raises ValueError naming it."""
+    if min_side is not None and min_side < MIN_SIDE[net]:
+        return None, (f"LPIPS skipped: the images' smaller side ({min_side} px) is below the {MIN_SIDE[net]} px "
+                      f"that LPIPS {net} needs" + ("; --lpips_net vgg needs 16" if net == "alex" else ""))
     backbone, head, looked = find_weights(net, weights, heads)
     if backbone is None or head is None:
         what = "backbone" if backbone is None else "linear heads"

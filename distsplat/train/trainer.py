@@ -108,7 +108,8 @@ class Trainer:
         if cfg.ckpt is not None:
             self._resume(cfg.ckpt)
         self._init_memory_guard()
-        self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device)
+        self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
+                                            min_side=min(self.width, self.height))
         self.lpips_skipped = None if self.lpips is not None else lpips_note
         if ctx.is_main:
             log.info("%s", lpips_note)

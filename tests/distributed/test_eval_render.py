@@ -9,17 +9,33 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from distsplat.train.lpips import LPIPS
 from torchrun_cli import TINY_FLAGS, torchrun
 
 STEPS = 40
 
 
+def lpips_flags(folder: Path) -> list:
+    """Random VGG LPIPS weights (ImageNet's cannot be downloaded here), in torchvision's and
+    lpips' file layouts: LPIPS then runs, so its reduction over ranks is checked too (VGG,
+    since the tiny scene's 24 px images are below AlexNet's 31)."""
+    torch.manual_seed(0)
+    net = LPIPS("vgg")
+    torch.save({f"features.{k}": v for k, v in net.features.state_dict().items()}, folder / "vgg16.pth")
+    torch.save({f"lin{k}.model.1.weight": torch.rand_like(lin.weight) for k, lin in enumerate(net.lins)},
+               folder / "heads.pth")
+    return ["--lpips_net", "vgg", "--lpips_weights", str(folder / "vgg16.pth"),
+            "--lpips_heads", str(folder / "heads.pth")]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("run") / "r"
+    out.mkdir()
     p = torchrun(["default", "--max_steps", str(STEPS), "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
-                  "--result_dir", str(out), *TINY_FLAGS])
+                  "--result_dir", str(out), *TINY_FLAGS, *lpips_flags(out)])
     assert p.returncode == 0, p.stderr[-3000:]
     return out
 
@@ -37,7 +53,7 @@ def test_eval_only_on_1_and_3_ranks_gives_the_training_final_metrics(trained, tm
     for w in (1, 3):
         out = tmp_path / f"eval{w}"
         p = torchrun(["default", "--eval_only", "--ckpt", str(trained / "ckpts"), "--result_dir", str(out),
-                      *TINY_FLAGS], nproc=w)
+                      *TINY_FLAGS, *lpips_flags(trained)], nproc=w)
         assert p.returncode == 0, p.stderr[-3000:]
         assert "(eval only)" in p.stdout
         got = json.loads((out / "stats" / f"val_step{STEPS:04d}.json").read_text())
@@ -49,14 +65,14 @@ def test_eval_only_on_1_and_3_ranks_gives_the_training_final_metrics(trained, tm
         # 20/ln10 * 1e-6 / 0.08 ~ 1e-4 dB and SSIM by ~1e-6 (test_trainer's W tolerances).
         assert got["psnr"] == pytest.approx(final["psnr"], abs=1e-4)
         assert got["ssim"] == pytest.approx(final["ssim"], abs=1e-5)
-        assert (got["lpips"] is None) == (final["lpips"] is None)
-        if got["lpips"] is not None:
-            assert got["lpips"] == pytest.approx(final["lpips"], abs=1e-5)
+        assert final["lpips"] is not None and "lpips_skipped" not in final
+        assert got["lpips"] == pytest.approx(final["lpips"], rel=1e-4)  # a float32 net of ~1e-6 pixel changes
         got_rows = read_csv(out / "stats" / f"val_step{STEPS:04d}.csv")
         assert got_rows.keys() == rows.keys()
         for name, row in rows.items():  # the CSV keeps 6 decimals
             assert float(got_rows[name]["psnr"]) == pytest.approx(float(row["psnr"]), abs=1e-4)
             assert float(got_rows[name]["ssim"]) == pytest.approx(float(row["ssim"]), abs=1e-5)
+            assert float(got_rows[name]["lpips"]) == pytest.approx(float(row["lpips"]), rel=1e-4, abs=1e-6)
         renders = sorted(p.name for p in (out / "renders").glob(f"val_step{STEPS:04d}_*.png"))
         assert renders == sorted(p.name for p in (trained / "renders").glob(f"val_step{STEPS:04d}_*.png"))
         assert renders and not (out / "ckpts").exists()  # nothing trained, nothing saved
