@@ -72,6 +72,8 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         raise_together(ctx, error, "setup")
         if cfg.eval_only:
             return trainer.eval_only()
+        if cfg.render_only:
+            return trainer.render_only()
         return trainer.train()
     except Exception as e:
         e.report = describe_failure(ctx, e, trainer.where)  # type: ignore[attr-defined]

@@ -42,6 +42,8 @@ from .config import Config
 from .evaluate import evaluate, test_owners
 from .lpips import load_lpips
 from .metrics import report_eval
+from .trajectory import camera_path
+from .video import render_frames, write_mp4
 from .gaussians import (activated, create_optimizers, from_float_rows, init_gaussians, initial_ids,
                         random_points, to_float_rows)
 from .losses import photometric_loss
@@ -398,6 +400,23 @@ class Trainer:
         self._open_outputs()
         self.where = f"evaluating the checkpoint of step {self.start_step}"
         self.eval(self.start_step, None)
+        return self.metrics
+
+    def render_only(self) -> Dict[str, Any]:
+        """--render_only: a camera path through the checkpoint that setup() loaded, as PNG
+        frames (RGB | depth) and an MP4 in R/videos/, rendered with the distributed render."""
+        cfg = self.cfg
+        self._open_outputs()
+        self.where = "rendering the camera path"
+        c2w = camera_path(cfg.render_traj_path, self.scene.camtoworlds[self.scene.train], cfg.render_traj_frames)
+        viewmats = torch.from_numpy(np.linalg.inv(c2w)).float().to(self.device)  # [F, 4, 4]
+        frames = self.result_dir / "videos" / f"traj_{cfg.render_traj_path}_step{self.start_step:04d}"
+        n = render_frames(lambda: activated(self.params, cfg.sh_degree), viewmats, self.Ks[self.train_idx[0]],
+                          self.width, self.height, self.ctx, cfg.sh_degree, self._render_kwargs(), frames)
+        mp4 = write_mp4(frames, n, frames.with_suffix(".mp4"), cfg.render_fps) if self.ctx.is_main else None
+        if self.ctx.is_main:
+            log.info("rendered %d frames (RGB | depth) to %s%s", n, frames, f" and {mp4}" if mp4 else "")
+        self.metrics.update(frames=n, frames_dir=str(frames), video=str(mp4) if mp4 else None)
         return self.metrics
 
     def save(self, step: int) -> None:

@@ -77,3 +77,24 @@ def test_eval_only_on_1_and_3_ranks_gives_the_training_final_metrics(trained, tm
         assert renders == sorted(p.name for p in (trained / "renders").glob(f"val_step{STEPS:04d}_*.png"))
         assert renders and not (out / "ckpts").exists()  # nothing trained, nothing saved
 
+
+
+@pytest.mark.slow
+def test_render_only_writes_the_camera_path_as_frames_and_mp4(trained, tmp_path):
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    from PIL import Image
+
+    frames = 13  # not a multiple of the 2 ranks: one renders a frame more
+    out = tmp_path / "video"
+    p = torchrun(["default", "--render_only", "--render_traj_path", "ellipse", "--render_traj_frames", str(frames),
+                  "--render_fps", "10", "--ckpt", str(trained / "ckpts"), "--result_dir", str(out), *TINY_FLAGS])
+    assert p.returncode == 0, p.stderr[-3000:]
+    folder = out / "videos" / f"traj_ellipse_step{STEPS:04d}"
+    pngs = sorted(folder.glob("*.png"))
+    assert [q.name for q in pngs] == [f"{i:05d}.png" for i in range(frames)]
+    assert {Image.open(q).size for q in pngs} == {(2 * 32, 24)}  # RGB | depth of a 32 x 24 scene
+    # ffmpeg reads the file back (its own demuxer and decoder, not our writer)
+    n, secs = imageio_ffmpeg.count_frames_and_secs(str(folder.with_suffix(".mp4")))
+    meta = next(imageio_ffmpeg.read_frames(str(folder.with_suffix(".mp4"))))
+    assert n == frames and meta["size"] == (64, 24) and secs == pytest.approx(frames / 10, abs=0.11)
+    assert not (out / "ckpts").exists() and not (out / "stats").exists()
