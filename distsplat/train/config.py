@@ -17,12 +17,17 @@ from .strategies import DefaultStrategy, MCMCStrategy
 class SyntheticConfig:
     """The built-in scene used when no --data_dir is given."""
 
+    kind: Literal["tabletop", "ball"] = "tabletop"
+    """tabletop: a ball, a cube and a cylinder on a checkered ground (to look at); ball: random
+    Gaussians in a ball (the tests' tiny scene)."""
     num_cameras: int = 32
     """Cameras on a ring around the ground-truth Gaussians."""
     num_gaussians: int = 3000
-    """Ground-truth Gaussians that the training images are rendered from."""
-    width: int = 64
-    height: int = 48
+    """Ground-truth Gaussians of the ball scene (tabletop: ~3600 x --synthetic.detail)."""
+    detail: float = 1.0
+    """Scales the number of the tabletop scene's Gaussians."""
+    width: int = 96
+    height: int = 72
     seed: int = 0
 
 
