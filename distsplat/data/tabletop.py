@@ -17,26 +17,18 @@ from .synthetic import look_at
 
 def _quats(R: np.ndarray) -> np.ndarray:
     """[N, 3, 3] rotations -> [N, 4] unit quaternions (w, x, y, z)."""
-    w = np.sqrt(np.clip(1.0 + R[:, 0, 0] + R[:, 1, 1] + R[:, 2, 2], 1e-12, None)) / 2
-    x = (R[:, 2, 1] - R[:, 1, 2]) / (4 * w)
-    y = (R[:, 0, 2] - R[:, 2, 0]) / (4 * w)
-    z = (R[:, 1, 0] - R[:, 0, 1]) / (4 * w)
-    q = np.stack([w, x, y, z], 1)
-    return q / np.linalg.norm(q, axis=1, keepdims=True)
+    from scipy.spatial.transform import Rotation
+
+    xyzw = Rotation.from_matrix(R).as_quat()  # robust for every rotation (Shepperd's method)
+    return np.concatenate([xyzw[:, 3:], xyzw[:, :3]], 1)
 
 
 def _frames(normals: np.ndarray) -> np.ndarray:
-    """[N, 3] unit normals -> [N, 3, 3] rotations whose third axis is the normal. The
-    quaternion formula above needs trace > -1: flip the tangent pair where it is not."""
+    """[N, 3] unit normals -> [N, 3, 3] rotations whose third axis is the normal."""
     helper = np.where(np.abs(normals[:, 2:3]) < 0.9, [[0.0, 0.0, 1.0]], [[1.0, 0.0, 0.0]])
     t1 = np.cross(helper, normals)
     t1 /= np.linalg.norm(t1, axis=1, keepdims=True)
-    t2 = np.cross(normals, t1)
-    R = np.stack([t1, t2, normals], axis=2)
-    bad = (R[:, 0, 0] + R[:, 1, 1] + R[:, 2, 2]) < -0.5
-    R[bad, :, 0] *= -1
-    R[bad, :, 1] *= -1
-    return R
+    return np.stack([t1, np.cross(normals, t1), normals], axis=2)
 
 
 def _surface(points, normals, colors, size) -> Dict[str, np.ndarray]:
