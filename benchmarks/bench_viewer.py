@@ -141,6 +141,7 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
     cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = steps, [], [], False
     cfg.result_dir, cfg.disable_viewer, cfg.port = str(Path(out_dir) / mode), mode == "off", viewer_port
     cfg.synthetic.kind, cfg.synthetic.num_gaussians, cfg.log_every, cfg.num_workers = "ball", n, steps, 1
+    cfg.synthetic.width, cfg.synthetic.height = 64, 48  # the scene its recorded results used
     metrics = run(cfg)
     stop.set()
     n_frames = getattr(frames.get("server"), "frames", None)
