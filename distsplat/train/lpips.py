@@ -151,6 +151,10 @@ def load_lpips(net: str = "alex", weights: Optional[str] = None, heads: Optional
     if min_side is not None and min_side < MIN_SIDE[net]:
         return None, (f"LPIPS skipped: the images' smaller side ({min_side} px) is below the {MIN_SIDE[net]} px "
                       f"that LPIPS {net} needs" + ("; --lpips_net vgg needs 16" if net == "alex" else ""))
+    for flag, path in (("--lpips_weights", weights), ("--lpips_heads", heads)):
+        if path is not None and not Path(path).is_file():  # asked for by name: an error, not a skip
+            raise ValueError(f"{flag} {path}: no such file; pass the {net} weights file, or leave the flag out "
+                             "to look in the usual places (LPIPS is skipped when they are not there)")
     backbone, head, looked = find_weights(net, weights, heads)
     if backbone is None or head is None:
         what = "backbone" if backbone is None else "linear heads"

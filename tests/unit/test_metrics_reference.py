@@ -150,4 +150,8 @@ def test_lpips_is_skipped_with_a_reason_and_bad_files_are_named(tmp_path, monkey
     torch.save({"features.0.weight": torch.zeros(1)}, bad)
     with pytest.raises(ValueError, match=f"LPIPS alex: {bad}"):
         load_lpips("alex", weights=str(bad), heads=str(bad))
+    with pytest.raises(ValueError, match="--lpips_weights .*nope.pth: no such file"):
+        load_lpips("alex", weights=str(tmp_path / "nope.pth"))
+    model, note = load_lpips("alex", weights=str(bad), heads=str(bad), min_side=24)
+    assert model is None and "24 px" in note and "--lpips_net vgg" in note
     assert isinstance(LPIPS("vgg"), nn.Module)
