@@ -62,6 +62,8 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         except ValueError as e:
             error = e
         raise_together(ctx, error, "checking the flags")
+        if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
+            cfg.disable_viewer = True
         for extension in extensions:  # each agrees on its own start-up errors
             closers.append(extension(cfg, ctx, trainer))
         error = None
