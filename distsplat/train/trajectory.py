@@ -21,7 +21,7 @@ def look_at(eye: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
     """[4, 4] camera-to-world looking from eye at target, `up` up in the image."""
     z = target - eye
     z = z / np.linalg.norm(z)
-    x = np.cross(z, -up)  # OpenCV: y points down, so the image's up is -y
+    x = np.cross(z, up)  # OpenCV: then y = z x x points down, the image's up is -y
     x = x / np.linalg.norm(x)
     M = np.eye(4)
     M[:3, :3] = np.stack([x, np.cross(z, x), z], axis=1)

@@ -42,6 +42,8 @@ def test_ellipse_circles_the_focus_point_in_the_cameras_plane(c2w):
     assert np.allclose(fwd, to_target, atol=1e-9)  # every frame looks at it
     up = -c2w[:, :3, 1].mean(0)
     up /= np.linalg.norm(up)
+    # upright: the image's down axis (y) points down in the world, as the training cameras'
+    assert (path[:, :3, 1] @ up < -0.5).all() and (c2w[:, :3, 1] @ up < -0.5).all()
     height = eye @ up
     assert np.ptp(height) < 1e-9 and abs(height[0] - (c2w[:, :3, 3] @ up).mean()) < 1e-9
     r = np.linalg.norm(eye - height[:, None] * up, axis=1)
