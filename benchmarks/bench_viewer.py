@@ -140,7 +140,8 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
     cfg = default_config()
     cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = steps, [], [], False
     cfg.result_dir, cfg.disable_viewer, cfg.port = str(Path(out_dir) / mode), mode == "off", viewer_port
-    cfg.synthetic.num_gaussians, cfg.log_every, cfg.num_workers = n, steps, 1
+    cfg.synthetic.kind, cfg.synthetic.num_gaussians, cfg.log_every, cfg.num_workers = "ball", n, steps, 1
+    cfg.synthetic.width, cfg.synthetic.height = 64, 48  # the scene its recorded results used
     # The viewer is the CLI's extension (distsplat.app), not part of cli.run: pass it, or no
     # viewer starts and every mode measures plain training.
     metrics = run(cfg, extensions=[] if mode == "off" else [live.attach_live_viewer])

@@ -37,8 +37,8 @@ def run(W: int, seed: int, steps: int, global_batch: int, cap: int, scene: str, 
     refine = ["--strategy.refine_start_iter", str(steps // 5), "--strategy.refine_stop_iter", str(steps * 4 // 5),
               "--strategy.refine_every", str(max(steps // 10, 1))]
     refine += ["--strategy.cap_max", str(cap)] if strategy == "mcmc" else ["--strategy.reset_every", str(steps // 2)]
-    if scene == "builtin":
-        data = []
+    if scene == "builtin":  # the random ball at its size when these results were recorded
+        data = ["--synthetic.kind", "ball", "--synthetic.width", "64", "--synthetic.height", "48"]
     else:
         data = ["--data_dir", str(Path(os.environ.get("SCENE_DIR", REPO.parent / "shared" / "data")) / scene),
                 "--data_factor", "4"]

@@ -4,7 +4,7 @@ Config, and W gloo CPU processes started the way torchrun would start them.
 SCENE (environment): `builtin` (the trainer's synthetic scene at the size below), or a
 scene folder (COLMAP or Blender) read with DATA_FACTOR. The synthetic size comes from
 SYNTH = "GAUSSIANS,WIDTH,HEIGHT,CAMERAS" (default 20000,128,96,32): bigger than the
-trainer's default (3000 at 64x48) so that a step does measurable work on CPU.
+ball scene's old default (3000 at 64x48) so that a step does measurable work on CPU.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def make_config(spec: Dict[str, Any], steps: int, result_dir: str, refine_at: Op
 
     cfg = default_config() if strategy == "default" else mcmc_config()
     if spec["kind"] == "builtin":
-        cfg.synthetic = SyntheticConfig(num_cameras=spec["cameras"], num_gaussians=spec["gaussians"],
+        cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=spec["cameras"], num_gaussians=spec["gaussians"],
                                         width=spec["width"], height=spec["height"])
     else:
         cfg.data_dir, cfg.data_factor = spec["data_dir"], spec["data_factor"]

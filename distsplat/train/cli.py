@@ -62,6 +62,8 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         except ValueError as e:
             error = e
         raise_together(ctx, error, "checking the flags")
+        if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
+            cfg.disable_viewer = True
         for extension in extensions:  # each agrees on its own start-up errors
             closers.append(extension(cfg, ctx, trainer))
         error = None
@@ -70,6 +72,10 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
             error = e
         raise_together(ctx, error, "setup")
+        if cfg.eval_only:
+            return trainer.eval_only()
+        if cfg.render_only:
+            return trainer.render_only()
         return trainer.train()
     except Exception as e:
         e.report = describe_failure(ctx, e, trainer.where)  # type: ignore[attr-defined]
@@ -98,8 +104,10 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
         report = getattr(e, "report", None) or f"rank {_rank()} failed: {type(e).__name__}: {e}"
         _fail(f"distsplat: {report}", 1)
     if _rank() == 0 and "val_psnr" in metrics:
-        print(f"final: PSNR {metrics['val_psnr']:.3f} SSIM {metrics['val_ssim']:.4f} "
-              f"Gaussians {metrics['val_num_GS']} in {metrics['val_elapsed']:.1f} s "
+        lpips = metrics.get("val_lpips")
+        took = f" in {metrics['val_elapsed']:.1f} s" if "val_elapsed" in metrics else " (eval only)"
+        print(f"final: PSNR {metrics['val_psnr']:.3f} SSIM {metrics['val_ssim']:.4f}"
+              f"{'' if lpips is None else f' LPIPS {lpips:.4f}'} Gaussians {metrics['val_num_GS']}{took} "
               f"-> {cfg.result_dir}")
 
 

@@ -17,12 +17,17 @@ from .strategies import DefaultStrategy, MCMCStrategy
 class SyntheticConfig:
     """The built-in scene used when no --data_dir is given."""
 
+    kind: Literal["tabletop", "ball"] = "tabletop"
+    """tabletop: a ball, a cube and a cylinder on a checkered ground (to look at); ball: random
+    Gaussians in a ball (the tests' tiny scene)."""
     num_cameras: int = 32
     """Cameras on a ring around the ground-truth Gaussians."""
     num_gaussians: int = 3000
-    """Ground-truth Gaussians that the training images are rendered from."""
-    width: int = 64
-    height: int = 48
+    """Ground-truth Gaussians of the ball scene (tabletop: ~3600 x --synthetic.detail)."""
+    detail: float = 1.0
+    """Scales the number of the tabletop scene's Gaussians."""
+    width: int = 96
+    height: int = 72
     seed: int = 0
 
 
@@ -124,6 +129,27 @@ class Config:
     """TensorBoard scalars every N steps (rank 0)."""
     log_every: int = 100
     seed: int = 42
+
+    # --- Scoring and rendering a finished run (eval only, LPIPS, camera-path videos) ---
+    eval_only: bool = False
+    """Score the checkpoint of --ckpt on the test cameras without training (on any number of ranks):
+    stats/val_stepNNNN.json and .csv and the side-by-side renders, as the training's evaluation."""
+    render_only: bool = False
+    """Render a camera path through the checkpoint of --ckpt (RGB and depth) to R/videos/ as an MP4
+    (when imageio-ffmpeg is installed) and PNG frames, without training."""
+    render_traj_path: Literal["interp", "ellipse"] = "interp"
+    """Camera path of --render_only: interpolated through the training cameras, or an ellipse around the scene."""
+    render_traj_frames: int = 120
+    """Frames of the --render_only camera path."""
+    render_fps: int = 30
+    lpips_net: Literal["alex", "vgg"] = "alex"
+    """LPIPS backbone (gsplat reports alex)."""
+    lpips_weights: Optional[str] = None
+    """LPIPS backbone file (torchvision's alexnet-owt-7be5be79.pth / vgg16-397923af.pth). None: torch hub's
+    cache. Nothing is downloaded: without it LPIPS is skipped, and the log and JSON say so."""
+    lpips_heads: Optional[str] = None
+    """LPIPS linear heads (lpips' v0.1 alex.pth / vgg.pth). None: from an installed torchmetrics or lpips."""
+
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def adjust_steps(self, factor: float) -> None:
@@ -168,6 +194,12 @@ class Config:
         for ok, flag, msg in checks:
             if not ok:
                 raise ValueError(f"{flag} {msg}")
+        for flag, on in (("--eval_only", self.eval_only), ("--render_only", self.render_only)):
+            if on and self.ckpt is None:
+                raise ValueError(f"{flag} scores or renders a finished run: pass its checkpoint with --ckpt R/ckpts")
+        if self.render_traj_frames < 2 or self.render_fps < 1:
+            raise ValueError(f"--render_traj_frames must be >= 2 and --render_fps >= 1, got "
+                             f"{self.render_traj_frames}, {self.render_fps}")
         if isinstance(self.strategy, MCMCStrategy) and self.strategy.cap_max < 1:
             raise ValueError(f"--strategy.cap_max must be >= 1, got {self.strategy.cap_max}")
         for flag, value in (("--cache_budget_gb", self.cache_budget_gb), ("--memory_limit_gb", self.memory_limit_gb)):

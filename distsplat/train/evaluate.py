@@ -1,26 +1,35 @@
 """Evaluation on the test cameras: each rank renders (with the distributed render) only
-the test cameras it owns and scores them against its own images; per-image PSNR and SSIM
-land in a vector indexed by test camera, summed across ranks, and averaged in the same
-order on every rank, so the metrics do not depend on the number of ranks."""
+the test cameras it owns and scores them against its own images; per-image PSNR, SSIM
+(as gsplat reports it: losses.ssim_eval) and LPIPS land in a matrix indexed by test
+camera, summed across ranks (every other entry is zero, so the sum is exact), and
+averaged in the same order on every rank, so the metrics do not depend on the number of
+ranks."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds, distributed_rasterize
-from .losses import psnr, ssim
+from .losses import psnr, ssim_eval
 from .outputs import save_image
+
+METRICS = ("psnr", "ssim", "lpips")  # rows of the per-image score matrix
 
 
 def test_owners(n_test: int, world_size: int) -> List[Tuple[int, int]]:
     """Test camera positions [start, end) owned by each rank (fixed for the run)."""
     return chunk_bounds(n_test, world_size)
+
+
+def render_name(renders_dir: Path, step: int, name: str) -> Path:
+    """The side-by-side (ground truth | render) PNG of one test image."""
+    return renders_dir / f"val_step{step:04d}_{name}.png"
 
 
 @torch.no_grad()
@@ -38,14 +47,17 @@ def evaluate(
     renders_dir: Path,
     step: int,
     save_renders: int = 4,
-) -> Dict[str, float]:
+    lpips: Optional[Callable[[Tensor, Tensor], Tensor]] = None,  # [B, H, W, 3] x2 -> [B]
+) -> Tuple[Dict[str, float], Dict[str, np.ndarray]]:
+    """Returns the mean metrics and the per-image ones ({metric: [C_test]}, on every rank).
+    Without `lpips`, its mean and per-image values are NaN."""
     n_test = viewmats.shape[0]
     if n_test == 0:
-        return {}
+        return {}, {}
     t0 = time.perf_counter()
     bounds = test_owners(n_test, ctx.world_size)
     rounds = max(end - start for start, end in bounds)
-    scores = torch.zeros(2, n_test, dtype=torch.float64, device=viewmats.device)  # psnr, ssim
+    scores = torch.zeros(len(METRICS), n_test, dtype=torch.float64, device=viewmats.device)
     g = render_args()
     for j in range(rounds):
         # One camera per rank per round (ranks whose share ran out render none).
@@ -62,13 +74,14 @@ def evaluate(
             render = colors[0].clamp(0, 1)
             gt = read_image(p)
             scores[0, p] = psnr(render[None], gt[None])[0].double()
-            scores[1, p] = ssim(render[None], gt[None]).double()
+            scores[1, p] = ssim_eval(render[None], gt[None])[0].double()
+            if lpips is not None:
+                scores[2, p] = lpips(render[None], gt[None])[0].double()
             if p < save_renders:
-                save_image(renders_dir / f"val_step{step:04d}_{names[p]}.png", torch.cat([gt, render], 1))
-    scores = all_reduce_sum(scores).cpu().numpy()
-    return {
-        "psnr": float(np.mean(scores[0])),
-        "ssim": float(np.mean(scores[1])),
-        "eval_time": time.perf_counter() - t0,
-        "num_test_images": n_test,
-    }
+                save_image(render_name(renders_dir, step, names[p]), torch.cat([gt, render], 1))
+    scores = all_reduce_sum(scores).cpu().numpy()  # [3, C_test]
+    if lpips is None:
+        scores[2] = np.nan
+    stats = {k: float(np.mean(scores[i])) for i, k in enumerate(METRICS)}
+    stats.update(eval_time=time.perf_counter() - t0, num_test_images=n_test)
+    return stats, {k: scores[i] for i, k in enumerate(METRICS)}

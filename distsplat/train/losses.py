@@ -54,6 +54,20 @@ def ssim(img1: Tensor, img2: Tensor) -> Tensor:
     return ssim_map(img1, img2).mean()
 
 
+def ssim_eval(img1: Tensor, img2: Tensor) -> Tensor:
+    """SSIM per image of [B, H, W, C] images -> [B], as gsplat reports it (torchmetrics'
+    StructuralSimilarityIndexMeasure(data_range=1.0)): the same window, but the images are
+    reflect-padded instead of zero-padded, so the border pixels are not pulled towards 0
+    (zero padding is what the training loss uses, as 3DGS does). Padding by half the window
+    and cropping it again leaves every kept pixel's window inside the reflected image."""
+    pad = SSIM_WINDOW // 2
+    if min(img1.shape[1:3]) <= pad:
+        raise ValueError(f"ssim_eval: images of {tuple(img1.shape[1:3])} pixels are too small to reflect-pad by {pad}")
+    a, b = (F.pad(x.permute(0, 3, 1, 2), (pad, pad, pad, pad), mode="reflect").permute(0, 2, 3, 1)
+            for x in (img1, img2))
+    return ssim_map(a, b)[:, pad:-pad, pad:-pad].flatten(1).mean(1)
+
+
 def psnr(img1: Tensor, img2: Tensor) -> Tensor:
     """PSNR per image of [B, H, W, C] images in [0, 1] -> [B]."""
     mse = ((img1 - img2) ** 2).flatten(1).mean(1)

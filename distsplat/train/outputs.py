@@ -82,7 +82,7 @@ def save_image(path: Path, image: torch.Tensor) -> None:
 
 
 class TensorBoard:
-    """Scalars in R/tb on rank 0; a no-op elsewhere, or when tensorboard is not installed."""
+    """Scalars and images in R/tb on rank 0; a no-op elsewhere, or when tensorboard is not installed."""
 
     def __init__(self, result_dir: Path, ctx: DistContext):
         self.writer: Optional[Any] = None
@@ -99,6 +99,13 @@ class TensorBoard:
         if self.writer is not None:
             for k, v in values.items():
                 self.writer.add_scalar(k, v, step)
+
+    def image(self, tag: str, png: Path, step: int) -> None:
+        """A PNG written by any rank (gsplat's side-by-side test renders)."""
+        if self.writer is not None and png.is_file():
+            from PIL import Image
+
+            self.writer.add_image(tag, np.asarray(Image.open(png).convert("RGB")), step, dataformats="HWC")
 
     def close(self) -> None:
         if self.writer is not None:

@@ -13,6 +13,7 @@ import torch
 
 from ..data import DataError, Scene, load_blender, load_colmap, load_nerfstudio, make_synthetic_scene
 from ..data.synthetic import attach_images
+from ..data.tabletop import make_tabletop_scene
 from ..render import rasterize
 from .config import Config
 
@@ -24,10 +25,14 @@ def load_scene(cfg: Config) -> Scene:
     (a ValueError) naming the folder when it is not a scene."""
     if cfg.data_dir is None:
         s = cfg.synthetic
-        scene = make_synthetic_scene(
-            num_cameras=s.num_cameras, num_gaussians=s.num_gaussians, width=s.width,
-            height=s.height, test_every=cfg.test_every, seed=s.seed,
-        )
+        if s.kind == "tabletop":
+            scene = make_tabletop_scene(num_cameras=s.num_cameras, width=s.width, height=s.height,
+                                        detail=s.detail, test_every=cfg.test_every, seed=s.seed)
+        else:
+            scene = make_synthetic_scene(
+                num_cameras=s.num_cameras, num_gaussians=s.num_gaussians, width=s.width,
+                height=s.height, test_every=cfg.test_every, seed=s.seed,
+            )
         return attach_images(scene, lambda i: render_ground_truth(scene, i))
     root = Path(cfg.data_dir)
     if not root.is_dir():

@@ -40,6 +40,10 @@ from . import checkpoint as ck
 from . import strategy_ops
 from .config import Config
 from .evaluate import evaluate, test_owners
+from .lpips import load_lpips
+from .metrics import report_eval
+from .trajectory import camera_path
+from .video import render_frames, write_mp4
 from .gaussians import (activated, create_optimizers, from_float_rows, init_gaussians, initial_ids,
                         random_points, to_float_rows)
 from .losses import photometric_loss
@@ -52,6 +56,7 @@ log = logging.getLogger(__name__)
 
 # Per-Gaussian strategy state: DefaultStrategy's accumulators and every Gaussian's id.
 PER_GAUSSIAN_STATE = ("grad2d", "count", "radii", "uid")
+NUM_RENDERS = 4  # test images saved side by side (ground truth | render) at each evaluation
 
 
 class Trainer:
@@ -105,6 +110,13 @@ class Trainer:
         if cfg.ckpt is not None:
             self._resume(cfg.ckpt)
         self._init_memory_guard()
+        self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
+                                            min_side=min(self.width, self.height))
+        self.lpips_skipped = None if self.lpips is not None else lpips_note
+        if ctx.is_main:
+            log.info("%s", lpips_note)
+        if cfg.eval_only or cfg.render_only:  # no training: no training images to read ahead
+            return
         self.loader = ImageLoader(
             self.cache, self._own_cameras, start_step=self.start_step, end_step=cfg.max_steps,
             num_workers=cfg.num_workers, prefetch=cfg.prefetch, device=self.device,
@@ -196,12 +208,7 @@ class Trainer:
     # ------------------------------------------------------------------ train
     def train(self) -> Dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
-        # The first write into the result dir: only once setup succeeded on every rank.
-        self.tb = TensorBoard(self.result_dir, ctx)
-        if ctx.is_main:
-            self.result_dir.mkdir(parents=True, exist_ok=True)
-            # JSON is valid YAML: the resolved config without a YAML dependency.
-            write_json(self.result_dir / "cfg.yml", cfg.to_dict())
+        self._open_outputs()
         eval_steps = {s for s in cfg.eval_steps if s > 0}
         save_steps = {s for s in cfg.save_steps if s > 0}
         # The final state is always evaluated and saved, whatever --max_steps cuts off.
@@ -245,6 +252,15 @@ class Trainer:
         if progress is not None:
             progress.close()
         return self.metrics
+
+    def _open_outputs(self) -> None:
+        """The first write into the result dir: only once setup succeeded on every rank."""
+        self.tb = TensorBoard(self.result_dir, self.ctx)
+        if self.ctx.is_main:
+            self.result_dir.mkdir(parents=True, exist_ok=True)
+            # JSON is valid YAML: the resolved config without a YAML dependency.
+            name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
+            write_json(self.result_dir / name, self.cfg.to_dict())
 
     def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
@@ -350,7 +366,7 @@ class Trainer:
                      [e - s for s, e in chunk_bounds(sum(counts), self.ctx.world_size)])
 
     # ------------------------------------------------------------ eval / save
-    def eval(self, step: int, elapsed: float) -> Dict[str, float]:
+    def eval(self, step: int, elapsed: Optional[float]) -> Dict[str, Any]:
         ctx = self.ctx
         test = self.test_idx.to(self.device)
 
@@ -359,24 +375,49 @@ class Trainer:
             self.cache.read_into(int(self.test_idx[pos]), out)
             return torch.from_numpy(out).to(self.device).float() / 255.0
 
-        stats = evaluate(
+        names = [self.scene.names[i] for i in self.test_idx.tolist()]
+        stats, per_image = evaluate(
             lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[test], self.Ks[test],
-            self.width, self.height, read, [self.scene.names[i] for i in self.test_idx.tolist()],
-            ctx, self.cfg.sh_degree, self._render_kwargs(), self.result_dir / "renders", step,
+            self.width, self.height, read, names, ctx, self.cfg.sh_degree, self._render_kwargs(),
+            self.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
         )
         stats.update(num_GS=self.n_all, elapsed=elapsed, step=step)
-        self.metrics.update({f"val_{k}": v for k, v in stats.items()})
-        write_json(self.result_dir / "stats" / f"train_step{step:04d}_rank{ctx.rank}.json", {
-            "mem": memory_gb(self.device), "ellipse_time": elapsed,
-            "num_GS": len(self.params["means"]), "step": step,
-        })
+        if elapsed is None:  # eval only: no training time to report
+            stats.pop("elapsed")
+        else:
+            write_json(self.result_dir / "stats" / f"train_step{step:04d}_rank{ctx.rank}.json", {
+                "mem": memory_gb(self.device), "ellipse_time": elapsed,
+                "num_GS": len(self.params["means"]), "step": step,
+            })
         if ctx.is_main:
-            write_json(self.result_dir / "stats" / f"val_step{step:04d}.json", stats)
-            if "psnr" in stats:
-                log.info("step %d: PSNR %.3f, SSIM %.4f, %d Gaussians", step, stats["psnr"],
-                         stats["ssim"], self.n_all)
-                self.tb.scalars(step, {"val/psnr": stats["psnr"], "val/ssim": stats["ssim"]})
+            stats = report_eval(self.result_dir, step, stats, per_image, names, self.lpips_skipped, self.tb,
+                                NUM_RENDERS)
+        self.metrics.update({f"val_{k}": v for k, v in stats.items()})
         return stats
+
+    def eval_only(self) -> Dict[str, Any]:
+        """--eval_only: the evaluation of the checkpoint that setup() loaded, nothing trained."""
+        self._open_outputs()
+        self.where = f"evaluating the checkpoint of step {self.start_step}"
+        self.eval(self.start_step, None)
+        return self.metrics
+
+    def render_only(self) -> Dict[str, Any]:
+        """--render_only: a camera path through the checkpoint that setup() loaded, as PNG
+        frames (RGB | depth) and an MP4 in R/videos/, rendered with the distributed render."""
+        cfg = self.cfg
+        self._open_outputs()
+        self.where = "rendering the camera path"
+        c2w = camera_path(cfg.render_traj_path, self.scene.camtoworlds[self.scene.train], cfg.render_traj_frames)
+        viewmats = torch.from_numpy(np.linalg.inv(c2w)).float().to(self.device)  # [F, 4, 4]
+        frames = self.result_dir / "videos" / f"traj_{cfg.render_traj_path}_step{self.start_step:04d}"
+        n = render_frames(lambda: activated(self.params, cfg.sh_degree), viewmats, self.Ks[self.train_idx[0]],
+                          self.width, self.height, self.ctx, cfg.sh_degree, self._render_kwargs(), frames)
+        mp4 = write_mp4(frames, n, frames.with_suffix(".mp4"), cfg.render_fps) if self.ctx.is_main else None
+        if self.ctx.is_main:
+            log.info("rendered %d frames (RGB | depth) to %s%s", n, frames, f" and {mp4}" if mp4 else "")
+        self.metrics.update(frames=n, frames_dir=str(frames), video=str(mp4) if mp4 else None)
+        return self.metrics
 
     def save(self, step: int) -> None:
         """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it."""

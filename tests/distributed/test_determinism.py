@@ -16,7 +16,7 @@ import torch
 
 from torchrun_cli import torchrun
 
-SCENE = ["--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400", "--synthetic.width", "32",
+SCENE = ["--synthetic.kind", "ball", "--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400", "--synthetic.width", "32",
          "--synthetic.height", "24", "--sh_degree", "1", "--prefetch", "1", "--disable_viewer"]
 STEPS = 40
 RUNS = {

@@ -15,7 +15,7 @@ TRAINER = REPO / "examples" / "simple_trainer.py"
 
 # The built-in synthetic scene, small enough for a CPU step in milliseconds.
 TINY_FLAGS = [
-    "--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400",
+    "--synthetic.kind", "ball", "--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400",
     "--synthetic.width", "32", "--synthetic.height", "24", "--sh_degree", "1",
     "--num_workers", "1", "--prefetch", "1", "--disable_viewer",
 ]

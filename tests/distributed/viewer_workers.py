@@ -121,7 +121,7 @@ def train_with_viewer(ctx: DistContext, port: int, result_dir: str, max_steps: i
     cfg = default_config()
     cfg.max_steps, cfg.result_dir, cfg.port = max_steps, result_dir, port
     cfg.eval_steps, cfg.save_steps, cfg.save_ply = [max_steps], [], False
-    cfg.synthetic = SyntheticConfig(num_cameras=16, num_gaussians=800, width=48, height=36)
+    cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=16, num_gaussians=800, width=48, height=36)
     cfg.init_type, cfg.init_num_pts, cfg.init_extent = "random", 600, 0.4
     cfg.sh_degree, cfg.num_workers, cfg.log_every = 0, 1, 25
     cfg.viewer_res, cfg.viewer_budget = 96, 0.3

@@ -38,3 +38,13 @@ def test_gsplat_backend_without_cuda_is_refused():
     cfg.backend = "gsplat"
     with pytest.raises(ValueError, match="--backend gsplat runs gsplat's CUDA kernels, and this machine has no CUDA GPU"):
         cfg.validate()
+
+
+@pytest.mark.parametrize("flag", ["eval_only", "render_only"])
+def test_eval_and_render_only_need_a_checkpoint(flag):
+    cfg = default_config()
+    setattr(cfg, flag, True)
+    with pytest.raises(ValueError, match=f"--{flag} scores or renders a finished run: pass its checkpoint with --ckpt"):
+        cfg.validate()
+    cfg.ckpt = "results/x/ckpts"
+    cfg.validate()

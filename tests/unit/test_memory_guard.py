@@ -148,7 +148,7 @@ def _config(tmp_path, strategy, **overrides) -> Config:
         result_dir=str(tmp_path), max_steps=25, eval_steps=[], save_steps=[], save_ply=False,
         sh_degree=1, sh_degree_interval=10, num_workers=1, prefetch=1, log_every=100,
         disable_viewer=True, seed=3, strategy=strategy,
-        synthetic=SyntheticConfig(num_cameras=12, num_gaussians=400, width=32, height=24, seed=1),
+        synthetic=SyntheticConfig(kind="ball", num_cameras=12, num_gaussians=400, width=32, height=24, seed=1),
     )
     for k, v in overrides.items():
         setattr(cfg, k, v)

@@ -1,0 +1,56 @@
+"""What an evaluation leaves behind (rank 0, after the ranks' scores are summed):
+stats/val_stepNNNN.json (the means, gsplat's keys), stats/val_stepNNNN.csv (one row per test
+image, so a user sees which views are bad), the log line and TensorBoard's scalars and
+side-by-side renders (read back from renders/, where their owners wrote them)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
+
+from .evaluate import METRICS, render_name
+from .outputs import TensorBoard, write_json
+
+log = logging.getLogger(__name__)
+
+
+def write_per_image_csv(path: Path, names: Sequence[str], per_image: Dict[str, np.ndarray]) -> None:
+    """name, psnr, ssim, lpips per test image (lpips empty when skipped); atomic."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["name", *METRICS])
+        for i, name in enumerate(names):
+            w.writerow([name, *("" if math.isnan(v) else f"{v:.6f}" for v in (per_image[k][i] for k in METRICS))])
+    os.replace(tmp, path)
+
+
+def report_eval(result_dir: Path, step: int, stats: Dict[str, Any], per_image: Dict[str, np.ndarray],
+                names: Sequence[str], lpips_note: Optional[str], tb: Optional[TensorBoard],
+                num_renders: int) -> Dict[str, Any]:
+    """Writes the JSON, CSV, log line and TensorBoard entries of one evaluation; returns the
+    JSON's content. lpips_note: why LPIPS was skipped (None when it was computed)."""
+    stats = dict(stats)
+    if lpips_note is not None or math.isnan(stats.get("lpips", math.nan)):
+        stats["lpips"] = None  # JSON has no NaN
+        stats["lpips_skipped"] = lpips_note or "LPIPS skipped"
+    write_json(result_dir / "stats" / f"val_step{step:04d}.json", stats)
+    if per_image:
+        write_per_image_csv(result_dir / "stats" / f"val_step{step:04d}.csv", names, per_image)
+    if "psnr" not in stats:
+        return stats
+    lp = "" if stats["lpips"] is None else f", LPIPS {stats['lpips']:.4f}"
+    log.info("step %d: PSNR %.3f, SSIM %.4f%s, %s Gaussians", step, stats["psnr"], stats["ssim"], lp,
+             stats.get("num_GS"))
+    if tb is not None:
+        tb.scalars(step, {f"val/{k}": stats[k] for k in METRICS if stats.get(k) is not None})
+        for name in names[:num_renders]:  # their owners wrote them before the scores' all-reduce
+            tb.image(f"val/{name}", render_name(result_dir / "renders", step, name), step)
+    return stats

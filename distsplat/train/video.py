@@ -1,0 +1,103 @@
+"""--render_only: a camera path rendered with the distributed render (each rank renders
+the frames it owns from its own chunk of the Gaussians; no rank gathers the model), each
+frame RGB | depth side by side as PNG under R/videos/, then rank 0 writes them into an
+MP4 when imageio-ffmpeg is installed (an optional dependency: `pip install imageio-ffmpeg`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..distributed import DistContext, barrier, chunk_bounds, distributed_rasterize
+from .outputs import save_image
+
+log = logging.getLogger(__name__)
+
+
+def depth_image(depth: Tensor, alpha: Tensor) -> Tensor:
+    """[H, W] expected depth -> [H, W, 3] grey in [0, 1], near bright, normalised over this
+    frame's covered pixels (as gsplat's videos: per frame min-max)."""
+    covered = alpha > 0.5
+    if not covered.any():
+        return torch.zeros(*depth.shape, 3, device=depth.device)
+    lo, hi = depth[covered].min(), depth[covered].max()
+    d = 1.0 - ((depth - lo) / (hi - lo).clamp_min(1e-8)).clamp(0, 1)
+    return (d * covered).unsqueeze(-1).expand(-1, -1, 3)
+
+
+@torch.no_grad()
+def render_frames(
+    render_args: Callable[[], Dict[str, Tensor]],  # the activated Gaussians (local chunk)
+    viewmats: Tensor,  # [F, 4, 4] the whole path
+    K: Tensor,  # [3, 3]
+    width: int,
+    height: int,
+    ctx: DistContext,
+    sh_degree: int,
+    render_kwargs: Dict,
+    frames_dir: Path,
+) -> int:
+    """Every rank renders its contiguous share of the frames (one per rank per round, like
+    the evaluation) and writes them as frames_dir/NNNNN.png. Every rank calls this."""
+    n = viewmats.shape[0]
+    bounds = chunk_bounds(n, ctx.world_size)
+    rounds = max(end - start for start, end in bounds)
+    progress = None
+    if ctx.is_main:
+        from tqdm import tqdm
+
+        progress = tqdm(total=n, desc="render", unit="frame", dynamic_ncols=True, disable=not sys.stderr.isatty())
+    g = render_args()
+    kwargs = {**render_kwargs, "render_mode": "RGB+ED"}
+    for j in range(rounds):
+        pos = [start + j for start, end in bounds if start + j < end]
+        owner = [r for r, (start, end) in enumerate(bounds) if start + j < end]
+        colors, alphas, _ = distributed_rasterize(
+            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+            viewmats[pos], K.expand(len(pos), 3, 3), width, height,
+            torch.tensor(owner, dtype=torch.int64, device=viewmats.device), sh_degree=sh_degree, **kwargs,
+        )
+        if ctx.rank in owner:
+            p = pos[owner.index(ctx.rank)]
+            rgb = colors[0, ..., :3].clamp(0, 1)
+            depth = depth_image(colors[0, ..., 3], alphas[0, ..., 0])
+            save_image(frames_dir / f"{p:05d}.png", torch.cat([rgb, depth], 1))
+        if progress is not None:
+            progress.update(len(pos))
+    if progress is not None:
+        progress.close()
+    barrier()  # every frame is on disk before rank 0 reads them
+    return n
+
+
+def write_mp4(frames_dir: Path, n: int, path: Path, fps: int) -> Optional[Path]:
+    """The PNG frames 00000..n-1 as an H.264 MP4 (odd sizes padded by one pixel: yuv420p
+    needs even ones). None, with a log line, when imageio-ffmpeg is not installed."""
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        log.warning("no MP4: imageio-ffmpeg is not installed (pip install imageio-ffmpeg); the frames are in %s",
+                    frames_dir)
+        return None
+    from PIL import Image
+
+    first = np.asarray(Image.open(frames_dir / "00000.png").convert("RGB"))
+    h, w = first.shape[:2]
+    H, W = h + h % 2, w + w % 2
+    tmp = path.with_name(path.stem + ".tmp.mp4")
+    writer = imageio_ffmpeg.write_frames(str(tmp), (W, H), fps=fps, macro_block_size=1, quality=8,
+                                         output_params=["-loglevel", "error"])
+    writer.send(None)
+    for i in range(n):
+        frame = np.asarray(Image.open(frames_dir / f"{i:05d}.png").convert("RGB"))
+        frame = np.pad(frame, ((0, H - h), (0, W - w), (0, 0)), mode="edge")
+        writer.send(np.ascontiguousarray(frame))
+    writer.close()
+    tmp.replace(path)
+    return path

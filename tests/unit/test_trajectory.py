@@ -1,0 +1,52 @@
+"""Camera paths of --render_only (distsplat/train/trajectory.py) on the built-in scene's ring
+of cameras, whose centre and plane are known."""
+
+import numpy as np
+import pytest
+
+from distsplat.data import make_synthetic_scene
+from distsplat.train.trajectory import camera_path, ellipse_path, focus_point, interpolated_path
+
+
+@pytest.fixture
+def c2w():
+    return make_synthetic_scene(num_cameras=8).camtoworlds  # ring of radius 4 around the origin
+
+
+def rotations_ok(path):
+    R = path[:, :3, :3]
+    assert np.allclose(R @ R.transpose(0, 2, 1), np.eye(3), atol=1e-12)
+    assert np.allclose(np.linalg.det(R), 1.0, atol=1e-12)
+
+
+def test_focus_point_of_a_ring_looking_at_the_origin_is_the_origin(c2w):
+    assert np.allclose(focus_point(c2w), 0.0, atol=1e-9)
+
+
+def test_interpolated_path_passes_through_every_camera(c2w):
+    k = 4
+    path = interpolated_path(c2w, (len(c2w) - 1) * k + 1)
+    rotations_ok(path)
+    # frame i*k sits exactly on camera i (Catmull-Rom interpolates its control points)
+    assert np.allclose(path[::k], c2w, atol=1e-9)
+    steps = np.linalg.norm(np.diff(path[:, :3, 3], axis=0), axis=1)
+    assert steps.max() < 1.5 * np.linalg.norm(np.diff(c2w[:, :3, 3], axis=0), axis=1).max() / k
+
+
+def test_ellipse_circles_the_focus_point_in_the_cameras_plane(c2w):
+    path = ellipse_path(c2w, 24)
+    rotations_ok(path)
+    eye = path[:, :3, 3]
+    fwd = path[:, :3, 2]
+    to_target = -eye / np.linalg.norm(eye, axis=1, keepdims=True)  # the focus point is the origin
+    assert np.allclose(fwd, to_target, atol=1e-9)  # every frame looks at it
+    up = -c2w[:, :3, 1].mean(0)
+    up /= np.linalg.norm(up)
+    # upright: the image's down axis (y) points down in the world, as the training cameras'
+    assert (path[:, :3, 1] @ up < -0.5).all() and (c2w[:, :3, 1] @ up < -0.5).all()
+    height = eye @ up
+    assert np.ptp(height) < 1e-9 and abs(height[0] - (c2w[:, :3, 3] @ up).mean()) < 1e-9
+    r = np.linalg.norm(eye - height[:, None] * up, axis=1)
+    assert 3.0 < r.min() and r.max() < 4.2  # the ring's radius is 4 (90th percentile of the spread)
+    with pytest.raises(ValueError, match="--render_traj_path"):
+        camera_path("spiral", c2w, 4)
