@@ -39,6 +39,7 @@ from ..distributed import (
 from . import checkpoint as ck
 from . import strategy_ops
 from .config import Config
+from .depth_loss import DepthTargets
 from .evaluate import evaluate, test_owners
 from .gaussians import (activated, create_optimizers, from_float_rows, init_gaussians, initial_ids,
                         random_points, to_float_rows)
@@ -95,6 +96,9 @@ class Trainer:
         budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)
+
+        self.depth = (DepthTargets(scene, own.tolist(), self.width, self.height, self.scene_scale, self.device,
+                                   warn=ctx.is_main) if cfg.depth_loss else None)  # own cameras' SfM depths
 
         # MCMC draws from torch's global RNG (multinomial, noise; the default strategy's split
         # draws by Gaussian id instead): one seeded stream per rank makes runs repeat.
@@ -263,10 +267,15 @@ class Trainer:
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
             self.viewmats[cams], self.Ks[cams], self.width, self.height,
             to_device(batch.camera_owner, self.device), sh_degree=sh, **self._render_kwargs(backgrounds),
+            absgrad=getattr(self.strategy, "absgrad", False), render_mode="RGB" if self.depth is None else "RGB+ED",
         )
+        if self.depth is not None:  # expected depth in the 4th channel
+            colors, depths = colors[..., :3], colors[..., 3:]
         # Sum of own images' losses / global batch: the ranks' gradients add up to those of
         # the mean loss over the global batch, whatever W is.
         loss = photometric_loss(colors, gt, cfg.ssim_lambda) / C
+        if self.depth is not None:
+            loss = loss + cfg.depth_lambda * self.depth.loss(depths, images.cameras) / C
         if cfg.opacity_reg > 0:
             loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
         if cfg.scale_reg > 0:
