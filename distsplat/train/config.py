@@ -92,6 +92,15 @@ class Config:
     depth_lambda: float = 1e-2
     """Weight of the depth loss."""
 
+    # Pose optimization (issue 18; gsplat's flags and defaults)
+    pose_opt: bool = False
+    """Learn a pose correction per training camera (gsplat's CameraOptModule)."""
+    pose_opt_lr: float = 1e-5
+    pose_opt_reg: float = 1e-6
+    """Weight decay of the pose corrections."""
+    pose_noise: float = 0.0
+    """Perturb the training poses (std of gsplat's 9 correction components) to test --pose_opt."""
+
     strategy: Union[DefaultStrategy, MCMCStrategy] = field(default_factory=DefaultStrategy)
     """Densification: gsplat's DefaultStrategy or MCMCStrategy, run on each rank's Gaussians.
     MCMC's cap_max is the GLOBAL cap, split across ranks."""
@@ -173,6 +182,8 @@ class Config:
             (self.viewer_res >= 16, "--viewer_res", f"must be >= 16, got {self.viewer_res}"),
             (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),
             (math.isfinite(self.depth_lambda) and self.depth_lambda >= 0, "--depth_lambda", "must be >= 0"),
+            (self.pose_opt_lr >= 0 and self.pose_opt_reg >= 0 and self.pose_noise >= 0,
+             "--pose_opt_lr/--pose_opt_reg/--pose_noise", "must be >= 0"),
         ]
         for ok, flag, msg in checks:
             if not ok:

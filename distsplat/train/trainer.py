@@ -40,6 +40,7 @@ from . import checkpoint as ck
 from . import strategy_ops
 from .config import Config
 from .depth_loss import DepthTargets
+from .pose_opt import setup_pose_opt
 from .evaluate import evaluate, test_owners
 from .gaussians import (activated, create_optimizers, from_float_rows, init_gaussians, initial_ids,
                         random_points, to_float_rows)
@@ -87,6 +88,7 @@ class Trainer:
         self.train_idx = torch.as_tensor(scene.train, dtype=torch.int64)  # [C_train] scene indices
         self.test_idx = torch.as_tensor(scene.test, dtype=torch.int64)  # [C_test]
         W, r = ctx.world_size, ctx.rank
+        self.pose = setup_pose_opt(cfg, self.viewmats, self.train_idx, cfg.batch_size * W)  # None without --pose_opt
         try:
             self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
         except ValueError as e:
@@ -263,9 +265,12 @@ class Trainer:
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
+        viewmats = self.viewmats[cams]  # [C, 4, 4]
+        if self.pose is not None:  # the learned corrections, identical on every rank
+            viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
         colors, alphas, meta = distributed_rasterize(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-            self.viewmats[cams], self.Ks[cams], self.width, self.height,
+            viewmats, self.Ks[cams], self.width, self.height,
             to_device(batch.camera_owner, self.device), sh_degree=sh, **self._render_kwargs(backgrounds),
             absgrad=getattr(self.strategy, "absgrad", False), render_mode="RGB" if self.depth is None else "RGB+ED",
         )
@@ -282,6 +287,8 @@ class Trainer:
             loss = loss + cfg.scale_reg * g["scales"].sum() / (3 * self.n_all)
         self.strategy.step_pre_backward(self.params, self.optimizers, self.strategy_state, step, meta)
         loss.backward()
+        if self.pose is not None:
+            self.pose.step()  # one all-reduce of the corrections' gradient, the same step everywhere
         lr = self._means_lr(step)
         self.optimizers["means"].param_groups[0]["lr"] = lr
         for opt in self.optimizers.values():
@@ -399,6 +406,8 @@ class Trainer:
                         if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
         payload = ck.shard_payload(self.params, self.optimizers, per_gaussian)
         payload["rng"] = rng_state(self.device)  # densification draws from it
+        if self.pose is not None:  # identical on every rank; any shard restores it
+            payload["pose_opt"] = self.pose.state_dict()
         ck.write_shard(root, step, ctx.rank, payload)
         barrier()
         if ctx.is_main:
@@ -455,6 +464,8 @@ class Trainer:
             self.strategy_state[k] = v
         self.n_all = n_all
         self.start_step = int(meta["step"])
+        if self.pose is not None:
+            self.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or self.pose.state_dict())
         if same_w:  # each rank continues its own stream
             set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
