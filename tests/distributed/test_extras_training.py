@@ -94,7 +94,9 @@ def test_absgrad_raises_gsplat_default_threshold():
 def test_depth_loss_training_is_w_invariant(run_workers, tmp_path):
     """--depth_loss on the built-in scene (no tracks: every point in the image is a target)."""
     runs = run_w123(run_workers, tmp_path, lambda c: setattr(c, "depth_loss", True))
-    assert_same_gaussians(runs)
+    # Outliers as for absgrad (measured: 2 of 1628 Gaussians at 0.28 step at W=2); a depth
+    # term on the wrong camera or rank moves most Gaussians by steps, failing the median.
+    assert_same_gaussians(runs, outliers=0.005)
 
 
 def test_pose_opt_training_is_w_invariant_and_identical_on_every_rank(run_workers, tmp_path):
