@@ -103,7 +103,9 @@ def main() -> None:
     ctx = init_distributed()
     parts = os.environ.get("PARTS", "absgrad depth pose").split()
     steps = int(os.environ.get("STEPS", 300))
-    out: dict = {"load_avg_1min_before": round(os.getloadavg()[0], 2)}
+    env = ("PARTS", "STEPS", "DEPTH_STEPS", "DEPTH_FACTOR", "POSE_NOISE", "POSE_LR", "OMP_NUM_THREADS")
+    out: dict = {"env": {k: os.environ[k] for k in env if k in os.environ},
+                 "load_avg_1min_before": round(os.getloadavg()[0], 2)}
     line = []
     if "absgrad" in parts:
         runs = {}
