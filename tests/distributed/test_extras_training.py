@@ -57,6 +57,7 @@ def assert_same_gaussians(runs, outliers: float = 0.0):
     return events[1]
 
 
+@pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_absgrad_densification_is_w_invariant(run_workers, tmp_path):
     def absgrad(cfg):
         # Absolute gradients are ~4x the summed ones here: a threshold 3x densify_config's
@@ -93,6 +94,7 @@ def test_absgrad_raises_gsplat_default_threshold():
     assert cfg.strategy.grow_grad2d == 0.0005
 
 
+@pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_depth_loss_training_is_w_invariant(run_workers, tmp_path):
     """--depth_loss on the built-in scene (no tracks: every point in the image is a target)."""
     runs = run_w123(run_workers, tmp_path, lambda c: setattr(c, "depth_loss", True))
@@ -101,6 +103,7 @@ def test_depth_loss_training_is_w_invariant(run_workers, tmp_path):
     assert_same_gaussians(runs, outliers=0.005)
 
 
+@pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_pose_opt_training_is_w_invariant_and_identical_on_every_rank(run_workers, tmp_path):
     """--pose_opt with --pose_noise: the corrections are bitwise identical on every rank,
     and equal across W (float64; a correction's gradient sums every rank's pairs)."""
