@@ -10,7 +10,7 @@ import torch
 
 from distsplat.render import rasterize
 from extras_workers import per_gaussian
-from scenes import CASES, PARAM_NAMES, case_layout, weighted_loss
+from scenes import PARAM_NAMES, case_layout, weighted_loss
 
 SEED = 11
 # As test_render_invariance.py: float64, only the order of <= 3072 pixel terms per sum
