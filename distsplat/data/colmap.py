@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import List, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -125,8 +125,19 @@ def load_colmap(
         names=names, camtoworlds=camtoworlds, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1],
         points=points, points_rgb=model.points.rgb.copy(), train=train, test=test, images=source,
         source_sizes=np.array(stored, dtype=np.int64) if on_the_fly or undistort else None, transform=transform,
-        kind="colmap", undistort=undistort,
+        kind="colmap", undistort=undistort, point_tracks=_point_tracks(model.points, [im.id for im in images]),
     )
+
+
+def _point_tracks(points: colmap_io.Points, image_ids: Sequence[int]) -> Optional[List[np.ndarray]]:
+    """[C] per image (in scene order), the sorted indices of the points whose track holds it."""
+    if points.track_offsets is None:
+        return None
+    point_of = np.repeat(np.arange(len(points.ids)), np.diff(points.track_offsets))  # [T]
+    tracks = []
+    for iid in image_ids:
+        tracks.append(np.unique(point_of[points.track_images == iid]))
+    return tracks
 
 
 def _no_image_folder(data_dir: Path, factor: int) -> str:

@@ -12,7 +12,7 @@ import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -63,6 +63,10 @@ class Points:
     xyz: np.ndarray  # [P, 3] float64
     rgb: np.ndarray  # [P, 3] uint8
     error: np.ndarray  # [P] float64
+    # Tracks' image ids in CSR form (point i is seen by track_images[track_offsets[i]:
+    # track_offsets[i + 1]]): [P + 1] and [T] int64; None when not read (depth loss uses them).
+    track_offsets: Optional[np.ndarray] = None
+    track_images: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -153,12 +157,18 @@ def read_points_bin(path: Path) -> Points:
     xyz = np.empty((n, 3), np.float64)
     rgb = np.empty((n, 3), np.uint8)
     err = np.empty(n, np.float64)
+    offsets = np.zeros(n + 1, np.int64)
+    tracks = []
     for i in range(n):
         ids[i], x, y, z, cr, cg, cb, err[i], track = r.unpack("<Q3d3BdQ")
         xyz[i] = (x, y, z)
         rgb[i] = (cr, cg, cb)
-        r.skip(8 * track)  # track (image_id, point2D_idx) pairs
-    return Points(ids, xyz, rgb, err)
+        start = r.pos
+        r.skip(8 * track)  # track (image_id, point2D_idx) int32 pairs
+        tracks.append(np.frombuffer(r.buf, "<i4", 2 * track, start)[0::2])
+        offsets[i + 1] = offsets[i] + track
+    images = np.concatenate(tracks).astype(np.int64) if tracks else np.zeros(0, np.int64)
+    return Points(ids, xyz, rgb, err, offsets, images)
 
 
 def write_model_bin(model: Model, folder: Path) -> None:
@@ -177,7 +187,16 @@ def write_model_bin(model: Model, folder: Path) -> None:
     with open(folder / "points3D.bin", "wb") as f:
         f.write(struct.pack("<Q", len(p.ids)))
         for i in range(len(p.ids)):
-            f.write(struct.pack("<Q3d3BdQ", p.ids[i], *p.xyz[i], *p.rgb[i], p.error[i], 0))
+            track = _track(p, i)
+            f.write(struct.pack("<Q3d3BdQ", p.ids[i], *p.xyz[i], *p.rgb[i], p.error[i], len(track)))
+            f.write(struct.pack(f"<{2 * len(track)}i", *[v for im in track for v in (im, 0)]))
+
+
+def _track(p: Points, i: int) -> list:
+    """Image ids of point i's track (written with point2D_idx 0: no 2D points are kept)."""
+    if p.track_offsets is None:
+        return []
+    return [int(v) for v in p.track_images[p.track_offsets[i]:p.track_offsets[i + 1]]]
 
 
 # ---------------------------------------------------------------- text
@@ -228,16 +247,20 @@ def read_images_txt(path: Path) -> Dict[int, Image]:
 
 
 def read_points_txt(path: Path) -> Points:
-    rows = []
+    rows, tracks = [], []
     for lineno, line in _text_lines(path):
         parts = line.split()
         if len(parts) < 8:
             raise DataError(f"{path}:{lineno}: malformed point line")
         rows.append(parts[:8])
+        tracks.append(np.array(parts[8::2], dtype=np.int64))  # (image_id, point2D_idx) pairs
     if not rows:
-        return Points(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0))
+        return Points(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0),
+                      np.zeros(1, np.int64), np.zeros(0, np.int64))
     a = np.array(rows)
-    return Points(a[:, 0].astype(np.int64), a[:, 1:4].astype(np.float64), a[:, 4:7].astype(np.uint8), a[:, 7].astype(np.float64))
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in tracks])]).astype(np.int64)
+    return Points(a[:, 0].astype(np.int64), a[:, 1:4].astype(np.float64), a[:, 4:7].astype(np.uint8),
+                  a[:, 7].astype(np.float64), offsets, np.concatenate(tracks))
 
 
 def write_model_txt(model: Model, folder: Path) -> None:
@@ -256,7 +279,8 @@ def write_model_txt(model: Model, folder: Path) -> None:
         f.write("# POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[]\n")
         for i in range(len(p.ids)):
             x, y, z = (repr(float(v)) for v in p.xyz[i])
-            f.write(f"{p.ids[i]} {x} {y} {z} {p.rgb[i][0]} {p.rgb[i][1]} {p.rgb[i][2]} {float(p.error[i])!r}\n")
+            track = "".join(f" {im} 0" for im in _track(p, i))
+            f.write(f"{p.ids[i]} {x} {y} {z} {p.rgb[i][0]} {p.rgb[i][1]} {p.rgb[i][2]} {float(p.error[i])!r}{track}\n")
 
 
 # ---------------------------------------------------------------- both

@@ -38,6 +38,9 @@ class Scene:
     background: Optional[Tuple[int, int, int]] = None  # RGB that RGBA images are composited on
     transform: np.ndarray = field(default_factory=lambda: np.eye(4))  # [4, 4] normalised world = transform @ input world
     gaussians: Optional[Dict[str, np.ndarray]] = None  # ground-truth Gaussians of a synthetic scene
+    # Per camera, the indices into `points` of the SfM points its image sees (COLMAP tracks;
+    # the depth loss's targets); None when the scene has no tracks.
+    point_tracks: Optional[List[np.ndarray]] = None
     kind: str = "colmap"
     # [C_all] undistort.Undistortion (shared by a distorted camera's images) or None: Ks,
     # widths and heights are then already the undistorted pinhole camera's.

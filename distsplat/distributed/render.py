@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..render import Pairs, check_inputs, make_meta, project, rasterize_pairs
+from ..render.absgrad import attach_sink
 from . import exchange as ex
 from . import staging
 from .context import rank as get_rank
@@ -165,10 +166,10 @@ def _raise_if_failed(counts: ex.Counts, W: int, check_cameras: bool,
     grads = counts.column(ex.NEEDS_GRAD)
     if len(set(grads)) > 1:
         raise ValueError(
-            f"{FN}: ranks disagree on whether gradients flow (needed on ranks "
-            f"{[r for r, g in enumerate(grads) if g]}, not on {[r for r, g in enumerate(grads) if not g]}); "
+            f"{FN}: ranks disagree on whether gradients flow or on `absgrad` (per rank: "
+            f"{['absgrad' if g >= 2 else 'grad' if g else 'no grad' for g in grads]}); "
             "the backward all-to-all needs every rank, so render under the same "
-            "torch.no_grad()/requires_grad setting everywhere"
+            "torch.no_grad()/requires_grad setting and absgrad everywhere"
         )
 
 
@@ -189,6 +190,7 @@ def distributed_rasterize(
     backend: str = "auto",
     group: Optional[dist.ProcessGroup] = None,
     check_cameras: bool = True,
+    absgrad: bool = False,
     **render_kwargs: Any,
 ) -> Tuple[Tensor, Tensor, Dict[str, Any]]:
     """Renders this rank's cameras from every rank's Gaussians; call it on every rank of
@@ -207,6 +209,9 @@ def distributed_rasterize(
     camera's, like `rasterize`), rasterize_mode, render_mode, tile_size, check_finite.
     check_cameras (default on) folds a checksum of viewmats, Ks and camera_owner into the
     count exchange, so ranks passing different cameras get an error, not wrong images.
+    absgrad (gsplat's): with gradients, meta["means2d"].absgrad is set during backward,
+    each pair's absolute 2D-mean gradient from its owner's rasterizer; it rides home in
+    two more payload columns of the reverse all-to-all (render/absgrad.py).
 
     Every rank must call backward on a loss built from its returned renders (also a rank
     with C_own = 0: `render_colors.sum()` is then 0 but still reaches the exchange),
@@ -219,10 +224,12 @@ def distributed_rasterize(
     opts.update(render_kwargs)
     local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
                      camera_owner, sh_degree, packed, backend, check_cameras, opts,
-                     sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group)
+                     sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group, absgrad)
+    # The grad column also says whether the payload carries absgrad columns (bit 1).
+    grad_flag = int(local.needs_grad) + 2 * int(local.needs_grad and absgrad)
     send = torch.stack([
         local.counts, local.status.expand(W), local.checksum.expand(W),
-        torch.full_like(local.counts, int(local.needs_grad)),
+        torch.full_like(local.counts, grad_flag),
     ], dim=1)  # [W, 4]
     host = ex.exchange_counts(send, local.owner, group)  # the one device -> host transfer
     _raise_if_failed(host, W, check_cameras, local.error)
@@ -234,7 +241,7 @@ def distributed_rasterize(
     # already there (a stable sort puts them first): no host->device copy, no sync.
     own_idx = torch.argsort((local.owner != me).long(), stable=True)[:n_own]  # [C_own]
     render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
-                                               local.backend, opts)
+                                               local.backend, opts, grad_flag >= 2)
 
     meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
     meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
@@ -265,6 +272,7 @@ def _prepare(
     viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
     sh_degree: Optional[int], packed: bool, backend: str, check_cameras: bool,
     opts: Dict[str, Any], unknown: List[str], group: Optional[dist.ProcessGroup],
+    absgrad: bool = False,
 ) -> _Local:
     """Validate, project, count and pack. Never raises: a failure becomes a status that
     the count exchange carries to every rank."""
@@ -305,6 +313,9 @@ def _prepare(
         order = torch.argsort(dest, stable=True)
         payload_dtype = torch.promote_types(means.dtype, torch.float32)
         payload = _pack(pairs.select(order), _local_camera_ids(safe_owner, W), payload_dtype)
+        if absgrad and payload.requires_grad:  # two zero columns whose gradient is the absgrad
+            sink = attach_sink(pairs, dense, pairs.means2d if dense is None else dense["means2d"])
+            payload = torch.cat([payload, sink[order].to(payload_dtype)], dim=1)  # [M, F + 2]
         # scatter_add, not bincount: CUDA's bincount reads max() on the host.
         counts = torch.zeros(W, dtype=torch.int64, device=device).scatter_add_(
             0, dest, torch.ones_like(dest))  # [W]
@@ -320,17 +331,24 @@ def _render_own(
     received: Tensor,  # [M_recv, F] payload rows from every rank
     own_idx: Tensor,  # [C_own] batch positions of this rank's cameras
     dtype: torch.dtype, width: int, height: int, backend: str, opts: Dict[str, Any],
+    absgrad: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """Stage (b) on this rank's cameras: colors [C_own, H, W, D'], alphas [C_own, H, W, 1]."""
+    """Stage (b) on this rank's cameras: colors [C_own, H, W, D'], alphas [C_own, H, W, 1].
+    absgrad: the payload's last two columns are the senders' absgrad sinks."""
     # Also with C_own = 0 or no pair received: the render layer then returns empty or
     # background images that stay in the autograd graph of the received payload, so this
     # rank's backward still runs the reverse all-to-all its peers wait in.
+    sink = None
+    if absgrad:
+        received, sink = received[:, :-2], received[:, -2:]  # [M_recv, F], [M_recv, 2]
+        # _unpack's order: the stable sort by camera (column 6 + D holds the camera).
+        sink = sink[torch.argsort(received[:, -3].long(), stable=True)].to(dtype)
     D = received.shape[1] - 10
     backgrounds = opts["backgrounds"]
     return rasterize_pairs(
         _unpack(received, D, dtype), len(own_idx), width, height, backend=backend,
         backgrounds=None if backgrounds is None else backgrounds[own_idx],
-        render_mode=opts["render_mode"], tile_size=opts["tile_size"],
+        render_mode=opts["render_mode"], tile_size=opts["tile_size"], absgrad_sink=sink,
     )
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from . import gsplat_backend, torch_backend
+from .absgrad import attach_sink
 from .checks import (
     RASTERIZE_MODES,
     RENDER_MODES,
@@ -123,9 +124,11 @@ def rasterize_pairs(
     backgrounds: Optional[Tensor] = None,  # [C, D]
     render_mode: str = "RGB",
     tile_size: Optional[int] = None,
+    absgrad_sink: Optional[Tensor] = None,  # [M, 2] (absgrad.py)
 ) -> Tuple[Tensor, Tensor]:
     """Stage (b): pairs whose camera_ids index C = n_cameras cameras -> images
-    (colors [C, H, W, D'], alphas [C, H, W, 1]). The pairs may come from any process."""
+    (colors [C, H, W, D'], alphas [C, H, W, 1]). The pairs may come from any process.
+    `absgrad_sink`'s gradient becomes each pair's absolute 2D-mean gradient."""
     if render_mode in ("RGB+D", "RGB+ED"):
         pairs = pairs.with_colors(cat_depth(pairs.colors, pairs.depths))
         if backgrounds is not None:
@@ -136,7 +139,8 @@ def rasterize_pairs(
             backgrounds = backgrounds.new_zeros(n_cameras, 1)
     module = _BACKENDS[backend]
     colors, alphas = module.rasterize_pairs(
-        pairs, n_cameras, width, height, backgrounds, tile_size or module.TILE_SIZE
+        pairs, n_cameras, width, height, backgrounds, tile_size or module.TILE_SIZE,
+        absgrad_sink=absgrad_sink,
     )
     if render_mode in ("ED", "RGB+ED"):
         # Expected depth: the alpha-weighted depth normalized by the accumulated alpha.
@@ -195,6 +199,7 @@ def rasterize(
     backend: str = "auto",
     tile_size: Optional[int] = None,
     check_finite: bool = True,
+    absgrad: bool = False,
 ) -> Tuple[Tensor, Tensor, Dict[str, Any]]:
     """Render N Gaussians into C cameras in this process, with the semantics of
     `gsplat.rasterization`.
@@ -204,7 +209,8 @@ def rasterize(
     camera_ids, width, height, n_cameras). backend 'auto' uses gsplat's CUDA kernels for
     CUDA tensors and the pure-PyTorch reference otherwise. `check_finite` costs one host
     sync to reject NaN/Inf parameters with a clear error. `tile_size` only changes speed
-    (None: 8 for torch, whose cost is tiles x pixels, 16 for gsplat's kernels).
+    (None: 8 for torch, whose cost is tiles x pixels, 16 for gsplat's kernels). `absgrad`
+    (as gsplat's) also sets meta["means2d"].absgrad during backward (absgrad.py).
     """
     resolved = check_inputs(
         "rasterize", means, quats, scales, opacities, colors, viewmats, Ks, width, height,
@@ -219,8 +225,9 @@ def rasterize(
         eps2d=eps2d, packed=packed, rasterize_mode=rasterize_mode,
     )
     meta = make_meta(pairs, dense, width, height, C)
+    sink = attach_sink(pairs, dense, meta["means2d"]) if absgrad and meta["means2d"].requires_grad else None
     render_colors, render_alphas = rasterize_pairs(
         pairs, C, width, height, backend=resolved, backgrounds=backgrounds,
-        render_mode=render_mode, tile_size=tile_size,
+        render_mode=render_mode, tile_size=tile_size, absgrad_sink=sink,
     )
     return render_colors, render_alphas, meta

@@ -11,6 +11,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .absgrad import KernelBridge
 from .pairs import Pairs
 
 TILE_SIZE = 16
@@ -97,6 +98,7 @@ def rasterize_pairs(
     height: int,
     backgrounds: Optional[Tensor] = None,  # [C, D]
     tile_size: int = 16,
+    absgrad_sink: Optional[Tensor] = None,  # [M, 2] (absgrad.py)
 ) -> Tuple[Tensor, Tensor]:
     ensure_gsplat_ops()
     from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles, rasterize_to_pixels
@@ -106,6 +108,8 @@ def rasterize_pairs(
     if len(pairs) == 0:  # the kernels do not take empty inputs
         # Sums over zero pairs (= 0) keep the outputs in the autograd graph of the pairs.
         render = ref.new_zeros(C, height, width, D) + pairs.colors.sum()
+        if absgrad_sink is not None:
+            render = render + absgrad_sink.sum()
         if backgrounds is not None:
             render = render + backgrounds[:, None, None, :]
         return render, ref.new_zeros(C, height, width, 1) + pairs.opacities.sum()
@@ -120,9 +124,13 @@ def rasterize_pairs(
         # No `backgrounds` for the kernel: gsplat 1.5.3's packed wrapper takes the image
         # dims from means2d ([nnz, 2] -> ()) and asserts backgrounds.shape == (D,), so a
         # [C, D] background would raise. Composited below, as the torch backend does.
+        # absgrad: the kernel sets .absgrad on the means2d it is given; one bridge per
+        # chunk hands it to the sink (more than 32 channels: the chunks' sum, an upper bound).
+        means2d = pairs.means2d if absgrad_sink is None else KernelBridge.apply(pairs.means2d, absgrad_sink)
         r, alphas = rasterize_to_pixels(
-            pairs.means2d, pairs.conics, pairs.colors[:, lo : lo + CHANNEL_CHUNK],
+            means2d, pairs.conics, pairs.colors[:, lo : lo + CHANNEL_CHUNK],
             pairs.opacities, width, height, tile_size, offsets, flatten_ids, packed=True,
+            absgrad=absgrad_sink is not None,
         )
         renders.append(r)
     render = torch.cat(renders, dim=-1)  # [C, H, W, D]

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .absgrad import PixelTap
 from .pairs import Pairs
 
 ALPHA_THRESHOLD = 1.0 / 255.0  # gsplat's ALPHA_THRESHOLD
@@ -237,12 +238,17 @@ def _composite_chunk(
     opacities: Tensor,  # [T, L]
     colors: Tensor,  # [T, L, D]
     trans_in: Optional[Tensor] = None,  # [T, P] transmittance before these pairs (None: 1)
+    sink: Optional[Tensor] = None,  # [T, L, 2] absgrad sink (absgrad.py)
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Front-to-back compositing of T tiles through L depth-sorted pairs. Returns colors
     [T, P, D], alphas [T, P] and the transmittance after them [T, P] (0 where a pixel
     stopped: it takes no further pair)."""
-    dx = px - means2d[..., 0:1]  # [T, L, P]
-    dy = py - means2d[..., 1:2]
+    if sink is None:
+        dx = px - means2d[..., 0:1]  # [T, L, P]
+        dy = py - means2d[..., 1:2]
+    else:  # the per-pixel means2d gradients, summed in absolute value into the sink's
+        m = PixelTap.apply(means2d, sink, px.shape[-1])  # [T, L, 2, P]
+        dx, dy = px - m[..., 0, :], py - m[..., 1, :]
     ca, cb, cc = conics[..., 0:1], conics[..., 1:2], conics[..., 2:3]
     sigma = 0.5 * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
     alpha = torch.clamp_max(opacities[..., None] * torch.exp(-sigma), ALPHA_MAX)
@@ -265,13 +271,14 @@ def _composite_chunk(
 
 def _composite_block(
     px: Tensor, py: Tensor, means2d: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor,
+    sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """_composite_chunk over L in DEPTH_CHUNK steps, dropping the tiles whose pixels have
     all stopped: behind opaque surfaces most of a long depth list is never evaluated
     (gsplat's kernel stops per pixel the same way). Returns colors [T, P, D], alphas [T, P]."""
     T, L = opacities.shape
     if L <= DEPTH_CHUNK:
-        c, a, _ = _composite_chunk(px, py, means2d, conics, opacities, colors)
+        c, a, _ = _composite_chunk(px, py, means2d, conics, opacities, colors, sink=sink)
         return c, a
     out = colors.new_zeros(T, px.shape[-1], colors.shape[-1])
     acc = opacities.new_zeros(T, px.shape[-1])
@@ -280,7 +287,8 @@ def _composite_block(
     for lo in range(0, L, DEPTH_CHUNK):
         sl = slice(lo, lo + DEPTH_CHUNK)
         c, a, t = _composite_chunk(px[live], py[live], means2d[live, sl], conics[live, sl],
-                                   opacities[live, sl], colors[live, sl], trans[live])
+                                   opacities[live, sl], colors[live, sl], trans[live],
+                                   None if sink is None else sink[live, sl])
         out, acc = out.index_add(0, live, c), acc.index_add(0, live, a)
         trans = trans.index_copy(0, live, t)
         with torch.no_grad():
@@ -297,8 +305,10 @@ def rasterize_pairs(
     height: int,
     backgrounds: Optional[Tensor] = None,  # [C, D]
     tile_size: int = 16,
+    absgrad_sink: Optional[Tensor] = None,  # [M, 2] (absgrad.py)
 ) -> Tuple[Tensor, Tensor]:
-    """Stage (b): packed pairs of C cameras -> colors [C, H, W, D], alphas [C, H, W, 1]."""
+    """Stage (b): packed pairs of C cameras -> colors [C, H, W, D], alphas [C, H, W, 1].
+    With `absgrad_sink`, its gradient is each pair's absolute 2D-mean gradient."""
     C, D = n_cameras, pairs.colors.shape[-1]
     ref = pairs.means2d
     tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
@@ -318,6 +328,7 @@ def rasterize_pairs(
     conics = torch.cat([pairs.conics, ref.new_zeros(1, 3)])
     opacities = torch.cat([pairs.opacities, ref.new_zeros(1)])
     colors = torch.cat([pairs.colors, ref.new_zeros(1, D)])
+    sink = None if absgrad_sink is None else torch.cat([absgrad_sink, ref.new_zeros(1, 2)])
     local = torch.arange(P, device=ref.device)
     pix_x = (local % tile_size).to(ref.dtype) + 0.5  # [P]
     pix_y = (local // tile_size).to(ref.dtype) + 0.5
@@ -335,6 +346,7 @@ def rasterize_pairs(
             (tx[:, None] + pix_x)[:, None, :],
             (ty[:, None] + pix_y)[:, None, :],
             means2d[idx], conics[idx], opacities[idx], colors[idx],
+            None if sink is None else sink[idx],
         )
         out_colors.append(c)
         out_alphas.append(a)

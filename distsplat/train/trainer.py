@@ -39,6 +39,8 @@ from ..distributed import (
 from . import checkpoint as ck
 from . import strategy_ops
 from .config import Config
+from .depth_loss import DepthTargets
+from .pose_opt import setup_pose_opt
 from .evaluate import evaluate, test_owners
 from .lpips import load_lpips
 from .metrics import report_eval
@@ -91,6 +93,7 @@ class Trainer:
         self.train_idx = torch.as_tensor(scene.train, dtype=torch.int64)  # [C_train] scene indices
         self.test_idx = torch.as_tensor(scene.test, dtype=torch.int64)  # [C_test]
         W, r = ctx.world_size, ctx.rank
+        self.pose = setup_pose_opt(cfg, self.viewmats, self.train_idx, cfg.batch_size * W)  # None without --pose_opt
         try:
             self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
         except ValueError as e:
@@ -100,6 +103,9 @@ class Trainer:
         budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)
+
+        self.depth = (DepthTargets(scene, own.tolist(), self.width, self.height, self.scene_scale, self.device,
+                                   warn=ctx.is_main) if cfg.depth_loss else None)  # own cameras' SfM depths
 
         # MCMC draws from torch's global RNG (multinomial, noise; the default strategy's split
         # draws by Gaussian id instead): one seeded stream per rank makes runs repeat.
@@ -275,20 +281,30 @@ class Trainer:
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
+        viewmats = self.viewmats[cams]  # [C, 4, 4]
+        if self.pose is not None:  # the learned corrections, identical on every rank
+            viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
         colors, alphas, meta = distributed_rasterize(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-            self.viewmats[cams], self.Ks[cams], self.width, self.height,
+            viewmats, self.Ks[cams], self.width, self.height,
             to_device(batch.camera_owner, self.device), sh_degree=sh, **self._render_kwargs(backgrounds),
+            absgrad=getattr(self.strategy, "absgrad", False), render_mode="RGB" if self.depth is None else "RGB+ED",
         )
+        if self.depth is not None:  # expected depth in the 4th channel
+            colors, depths = colors[..., :3], colors[..., 3:]
         # Sum of own images' losses / global batch: the ranks' gradients add up to those of
         # the mean loss over the global batch, whatever W is.
         loss = photometric_loss(colors, gt, cfg.ssim_lambda) / C
+        if self.depth is not None:
+            loss = loss + cfg.depth_lambda * self.depth.loss(depths, images.cameras) / C
         if cfg.opacity_reg > 0:
             loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
         if cfg.scale_reg > 0:
             loss = loss + cfg.scale_reg * g["scales"].sum() / (3 * self.n_all)
         self.strategy.step_pre_backward(self.params, self.optimizers, self.strategy_state, step, meta)
         loss.backward()
+        if self.pose is not None:
+            self.pose.step()  # one all-reduce of the corrections' gradient, the same step everywhere
         lr = self._means_lr(step)
         self.optimizers["means"].param_groups[0]["lr"] = lr
         for opt in self.optimizers.values():
@@ -431,6 +447,8 @@ class Trainer:
                         if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
         payload = ck.shard_payload(self.params, self.optimizers, per_gaussian)
         payload["rng"] = rng_state(self.device)  # densification draws from it
+        if self.pose is not None:  # identical on every rank; any shard restores it
+            payload["pose_opt"] = self.pose.state_dict()
         ck.write_shard(root, step, ctx.rank, payload)
         barrier()
         if ctx.is_main:
@@ -487,6 +505,8 @@ class Trainer:
             self.strategy_state[k] = v
         self.n_all = n_all
         self.start_step = int(meta["step"])
+        if self.pose is not None:
+            self.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or self.pose.state_dict())
         if same_w:  # each rank continues its own stream
             set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank

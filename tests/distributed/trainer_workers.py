@@ -102,6 +102,9 @@ def to_float64(trainer: Trainer, global_batch: int, anisotropic: float = 0.0) ->
     trainer.optimizers = create_optimizers(trainer.params, global_batch, trainer.scene_scale)
     trainer.means_lr0 = trainer.optimizers["means"].param_groups[0]["lr"]  # the schedule's start
     trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
+    if getattr(trainer, "pose", None) is not None:  # pose corrections (issue 18)
+        trainer.pose.global_batch = global_batch  # the replayed batch, as the optimizers above
+        trainer.pose.to(torch.float64)
     if "grad2d" in trainer.strategy_state:  # DefaultStrategy's gradient sum (gsplat's is float32)
         trainer.strategy_state["grad2d"] = torch.zeros(len(trainer.params["means"]), dtype=torch.float64)
 
@@ -155,7 +158,8 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
         out = {"params": _params(trainer), "metrics": metrics, "render": fixed_view_render(trainer),
                "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
                "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state(),
-               "uid": trainer.strategy_state["uid"].clone(), "events": events}
+               "uid": trainer.strategy_state["uid"].clone(), "events": events,
+               "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone()}
         if rec is not None:
             out["adam"] = {k: {f: (torch.stack(v) if f != "lr" else torch.tensor(v)) for f, v in r.items()}
                            for k, r in rec.items()}
@@ -207,7 +211,8 @@ def resume(ctx, cfg: Config) -> Dict[str, Any]:
             trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
         return {"params": _params(trainer), "render": fixed_view_render(trainer),
                 "start_step": trainer.start_step, "rng": torch.get_rng_state(),
-                "uid": trainer.strategy_state["uid"].clone()}
+                "uid": trainer.strategy_state["uid"].clone(),
+                "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone()}
     finally:
         trainer.cleanup()
 
