@@ -46,6 +46,7 @@ from .losses import photometric_loss
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
+from .faults import DivergenceGuard, SaveGuard
 from .scene_setup import check_single_size, load_scene, scene_scale
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class Trainer:
         self.where = "during setup"  # for failure reports: what this rank was doing
 
         self._warned_newer = False
+        self.saves = SaveGuard(ctx, self.device, self.result_dir / "ckpts")  # a full disk skips a save
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -244,6 +246,7 @@ class Trainer:
                 self.eval(done, time.perf_counter() - t_start)
         if progress is not None:
             progress.close()
+        self.saves.report_end(self.metrics)  # which saves a full disk skipped
         return self.metrics
 
     def train_step(self, step: int) -> Tensor:
@@ -379,20 +382,17 @@ class Trainer:
         return stats
 
     def save(self, step: int) -> None:
-        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it."""
+        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
+        full disk on any rank skips either on every rank, and training goes on (faults.py)."""
         ctx, root = self.ctx, self.result_dir / "ckpts"
         counts = gather_counts(len(self.params["means"]), self.device)
         self.n_all = sum(counts)
-        if ctx.is_main:
-            ck.begin(root, step)
-        barrier()
         per_gaussian = {k: v for k, v in self.strategy_state.items()
                         if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
         payload = ck.shard_payload(self.params, self.optimizers, per_gaussian)
         payload["rng"] = rng_state(self.device)  # densification draws from it
-        ck.write_shard(root, step, ctx.rank, payload)
-        barrier()
-        if ctx.is_main:
+
+        def finalize() -> None:  # rank 0, once every shard is written
             pos = self.batch_start + step - self.start_step
             spe = self.batcher.steps_per_epoch
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
@@ -404,9 +404,11 @@ class Trainer:
                 log.warning("%s holds checkpoints newer than this run's step %d (%s), from another "
                             "run: they are kept, and --ckpt %s resumes from the newest of them",
                             root, step, ", ".join(p.name for p in newer), root)
+
+        self.saves.checkpoint(step, payload, finalize)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
-            export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx)
+            export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx, self.saves)
         barrier()
 
     def _scene_fingerprint(self) -> Dict[str, Any]:
