@@ -120,7 +120,11 @@ class SaveGuard:
         return ok
 
     def _last_complete(self) -> str:
-        done = ck.complete_checkpoints(self.ckpt_root)
+        return self.last_complete(self.ckpt_root)
+
+    @staticmethod
+    def last_complete(ckpt_root: Path) -> str:
+        done = ck.complete_checkpoints(ckpt_root)
         return f"the last complete checkpoint is {done[-1]}" if done else "no checkpoint is complete yet"
 
     def discard(self, path: Path) -> None:
@@ -184,9 +188,17 @@ class DivergenceGuard:
     def diverged(self) -> bool:
         return 0 < self.max_bad <= self.in_a_row
 
-    def error(self, saved: str) -> DivergenceError:
-        return DivergenceError(
-            f"training diverged: {self.in_a_row} steps in a row (from step {self.first_bad}) had NaN/Inf loss or "
-            f"gradients (last on rank(s) {self.bad_ranks}); none of them changed the Gaussians. {saved}. Lower the "
-            "learning rates (e.g. --means_lr, --scales_lr), check the input images and poses, or raise "
-            "--max_bad_steps; resume with --ckpt")
+    def error(self, saved: bool, ckpt_root: Path, step: int) -> DivergenceError:
+        """The error that ends the run; `saved`: whether the last good state was checkpointed."""
+        if saved:
+            kept = f"The last good state is saved: resume with --ckpt {ck.step_dir(ckpt_root, step)}"
+        else:
+            kept = ("Saving the last good state failed (see the warning above); "
+                    f"{SaveGuard.last_complete(ckpt_root)}")
+        e = DivergenceError(
+            f"training diverged: {self.in_a_row} steps in a row (steps {self.first_bad} to {step - 1}) had NaN/Inf "
+            f"loss or gradients (last on rank(s) {', '.join(map(str, self.bad_ranks))}), --max_bad_steps "
+            f"{self.max_bad}; none of them changed the Gaussians. {kept}. Lower the learning rates (e.g. "
+            "--means_lr, --scales_lr) or check the input images and poses")
+        e.agreed = True  # every rank raises it at the same step: no traceback (cli.main)
+        return e

@@ -72,6 +72,7 @@ class Trainer:
 
         self._warned_newer = False
         self.saves = SaveGuard(ctx, self.device, self.result_dir / "ckpts")  # a full disk skips a save
+        self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps)  # NaN/Inf steps are skipped
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -221,10 +222,13 @@ class Trainer:
         for step in range(self.start_step, cfg.max_steps):
             self.where = f"at step {step}"
             loss = self.train_step(step)
-            loss_sum, loss_n = loss_sum + loss.detach(), loss_n + 1
             done = step + 1
+            if loss is not None:  # None: a NaN/Inf step, skipped on every rank
+                loss_sum, loss_n = loss_sum + loss.detach(), loss_n + 1
+            elif self.divergence.diverged:  # --max_bad_steps in a row: keep the last good state, stop
+                raise self.divergence.error(self.save(done), self.result_dir / "ckpts", done)
             if done % cfg.log_every == 0 or done == cfg.max_steps:
-                self.metrics["loss"] = (loss_sum / max(loss_n, 1)).item()  # the only sync per interval
+                self.metrics["loss"] = (loss_sum / loss_n).item() if loss_n else float("nan")  # one sync
                 loss_sum, loss_n = torch.zeros((), device=self.device), 0
                 self.metrics["steps_per_s"] = (done - self.start_step) / (time.perf_counter() - t_start)
                 if progress is not None:
@@ -249,7 +253,7 @@ class Trainer:
         self.saves.report_end(self.metrics)  # which saves a full disk skipped
         return self.metrics
 
-    def train_step(self, step: int) -> Tensor:
+    def train_step(self, step: int) -> Optional[Tensor]:
         cfg = self.cfg
         batch = self._batch(step)
         images = next(self.loader)
@@ -276,6 +280,10 @@ class Trainer:
             loss = loss + cfg.scale_reg * g["scales"].sum() / (3 * self.n_all)
         self.strategy.step_pre_backward(self.params, self.optimizers, self.strategy_state, step, meta)
         loss.backward()
+        if self.divergence.bad_step(step, loss, self.params):  # on any rank: no update, no densify
+            for opt in self.optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            return None
         lr = self._means_lr(step)
         self.optimizers["means"].param_groups[0]["lr"] = lr
         for opt in self.optimizers.values():
@@ -381,7 +389,7 @@ class Trainer:
                 self.tb.scalars(step, {"val/psnr": stats["psnr"], "val/ssim": stats["ssim"]})
         return stats
 
-    def save(self, step: int) -> None:
+    def save(self, step: int) -> bool:
         """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
         full disk on any rank skips either on every rank, and training goes on (faults.py)."""
         ctx, root = self.ctx, self.result_dir / "ckpts"
@@ -405,11 +413,12 @@ class Trainer:
                             "run: they are kept, and --ckpt %s resumes from the newest of them",
                             root, step, ", ".join(p.name for p in newer), root)
 
-        self.saves.checkpoint(step, payload, finalize)
+        saved = self.saves.checkpoint(step, payload, finalize)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
             export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx, self.saves)
         barrier()
+        return saved  # whether the checkpoint is complete (the same on every rank)
 
     def _scene_fingerprint(self) -> Dict[str, Any]:
         return {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,

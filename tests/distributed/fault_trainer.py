@@ -9,6 +9,7 @@ examples/simple_trainer.py). DISTSPLAT_FAULT="kind:rank:step" with kind one of
               OSError(ENOSPC) (a disk that fills up on one node),
   enospc_ply  `rank`'s PLY rows of save step `step` fail the same way,
   erofs       rank 0's `begin` of save step `step` fails with OSError(EROFS).
+  nan         `rank`'s gradient of the means is NaN at training steps `step` ("a-b": a range).
 Several faults: comma-separated specs.
 """
 
@@ -30,8 +31,39 @@ from distsplat.app import main  # noqa: E402
 def install(specs: str) -> None:
     for spec in specs.split(","):
         kind, rank, step = spec.split(":")
-        if int(os.environ.get("RANK", "0")) == int(rank):
+        if int(os.environ.get("RANK", "0")) != int(rank):
+            continue
+        if kind == "nan":
+            first, _, last = step.partition("-")
+            install_nan(range(int(first), int(last or first) + 1))
+        else:
             (install_disk_fault if kind in DISK_FAULTS else install_one)(kind, int(rank), int(step))
+
+
+def install_nan(steps) -> None:
+    """NaN in this rank's means gradient at the given training steps (the other ranks' own
+    gradients stay finite: only this rank can see that something is wrong)."""
+    import torch
+
+    train_step, activated = trainer_mod.Trainer.train_step, trainer_mod.activated
+    now = {"step": None}
+
+    def tracked_train_step(self, step):
+        now["step"] = step
+        try:
+            return train_step(self, step)
+        finally:
+            now["step"] = None
+
+    def nan_activated(params, sh):
+        g = activated(params, sh)
+        if now["step"] in steps:
+            g = dict(g, means=g["means"] * 1.0)
+            g["means"].register_hook(lambda grad: torch.full_like(grad, float("nan")))
+        return g
+
+    trainer_mod.Trainer.train_step = tracked_train_step
+    trainer_mod.activated = nan_activated
 
 
 DISK_FAULTS = ("enospc", "enospc_ply", "erofs")
