@@ -111,7 +111,10 @@ class _Reader:
         end = self.buf.find(b"\0", self.pos)
         if end < 0:
             raise DataError(f"{self.path}: truncated image name at offset {self.pos}; {REEXPORT}")
-        s = self.buf[self.pos:end].decode("utf-8")
+        try:
+            s = self.buf[self.pos:end].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{self.path}: image name at offset {self.pos} is not UTF-8 ({e.reason}); {REEXPORT}") from None
         self.pos = end + 1
         return s
 
@@ -182,12 +185,18 @@ def write_model_bin(model: Model, folder: Path) -> None:
 
 # ---------------------------------------------------------------- text
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a COLMAP text file (not UTF-8 at byte {e.start}); {REEXPORT}") from None
+
+
 def _text_lines(path: Path):
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if line and not line.startswith("#"):
-                yield lineno, line
+    for lineno, line in enumerate(_read_text(path).split("\n"), 1):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            yield lineno, line
 
 
 def read_cameras_txt(path: Path) -> Dict[int, Camera]:
@@ -209,8 +218,7 @@ def read_cameras_txt(path: Path) -> Dict[int, Camera]:
 def read_images_txt(path: Path) -> Dict[int, Image]:
     """As COLMAP reads it: a pose line (10 fields), then one points2D line, possibly empty."""
     images = {}
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    lines = _read_text(path).split("\n")
     i = 0
     while i < len(lines):
         line = lines[i].strip()
@@ -237,7 +245,14 @@ def read_points_txt(path: Path) -> Points:
     if not rows:
         return Points(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0))
     a = np.array(rows)
-    return Points(a[:, 0].astype(np.int64), a[:, 1:4].astype(np.float64), a[:, 4:7].astype(np.uint8), a[:, 7].astype(np.float64))
+    try:
+        ids, xyz, err = a[:, 0].astype(np.int64), a[:, 1:4].astype(np.float64), a[:, 7].astype(np.float64)
+        rgb = a[:, 4:7].astype(np.int64)
+    except (ValueError, OverflowError) as e:
+        raise DataError(f"{path}: malformed point line ({e}); {REEXPORT}") from None
+    if rgb.size and (rgb.min() < 0 or rgb.max() > 255):
+        raise DataError(f"{path}: a point colour is outside 0..255; {REEXPORT}")
+    return Points(ids, xyz, rgb.astype(np.uint8), err)
 
 
 def write_model_txt(model: Model, folder: Path) -> None:
