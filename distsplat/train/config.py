@@ -181,12 +181,15 @@ class Config:
                 raise ValueError(f"{flag} must be > 0 (GiB), got {value}")
         if not 0.0 < self.memory_fraction <= 1.0:
             raise ValueError(f"--memory_fraction must be in (0, 1], got {self.memory_fraction}")
-        if self.backend == "gsplat":
+        if self.backend == "gsplat" or self.cache == "gpu":
             import torch
 
             if not torch.cuda.is_available():  # else the first step fails, deep in the renderer
-                raise ValueError("--backend gsplat runs gsplat's CUDA kernels, and this machine has no CUDA GPU "
-                                 "that torch can use; pass --backend torch (or auto, the default) to train on CPU")
+                if self.backend == "gsplat":
+                    raise ValueError("--backend gsplat runs gsplat's CUDA kernels, and this machine has no CUDA GPU "
+                                     "that torch can use; pass --backend torch (or auto, the default) to train on CPU")
+                raise ValueError("--cache gpu keeps each rank's images in GPU memory, and this machine has no CUDA "
+                                 "GPU that torch can use; pass --cache decoded (or auto, the default) to cache in RAM")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -86,3 +86,19 @@ def test_payload_bytes_counts_every_tensor():
     payload = {"params": {"a": torch.zeros(10, 3)}, "optim": {"a": {"step": torch.tensor(1.0), "lr": 0.1}},
                "rng": [torch.zeros(5, dtype=torch.uint8)]}
     assert payload_bytes(payload) == 10 * 3 * 4 + 4 + 5
+
+
+def test_initial_gaussians_past_the_whole_memory_limit_end_setup():
+    """A GPU too small for the initial Gaussians: ValueError before training (the limit flag
+    stands in for the device's memory); one that fits does not raise."""
+    from distsplat.train.gaussians import create_optimizers, init_gaussians
+    from distsplat.train.memory import MemoryGuard, bytes_per_gaussian
+
+    params = init_gaussians(torch.randn(1000, 3), torch.rand(1000, 3), 1, (0, 1000))
+    optimizers = create_optimizers(params, global_batch=1)
+    b, _ = bytes_per_gaussian(dict(params), 2)
+    small = MemoryGuard(1000 * b - 1, 0.9, rank=3, accumulators=2, measure=lambda: 0, limit_source="--memory_limit_gb x")
+    with pytest.raises(ValueError, match=r"rank 3's 1000 initial Gaussians need .* more than its .* \(--memory_limit_gb x\)"):
+        small.check_setup(params, optimizers, {})
+    enough = MemoryGuard(1000 * b + 1, 0.9, rank=3, accumulators=2, measure=lambda: 0)
+    enough.check_setup(params, optimizers, {})  # fits: no error (at most the growth warning)
