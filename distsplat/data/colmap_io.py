@@ -157,7 +157,10 @@ def read_points_bin(path: Path) -> Points:
     rgb = np.empty((n, 3), np.uint8)
     err = np.empty(n, np.float64)
     for i in range(n):
-        ids[i], x, y, z, cr, cg, cb, err[i], track = r.unpack("<Q3d3BdQ")
+        pid, x, y, z, cr, cg, cb, err[i], track = r.unpack("<Q3d3BdQ")
+        if pid >= 2**63:  # COLMAP numbers points from 1; an id past int64 is a damaged file
+            raise DataError(f"{path}: point {i} has id {pid}, past the int64 range: the file is damaged; {REEXPORT}")
+        ids[i] = pid
         xyz[i] = (x, y, z)
         rgb[i] = (cr, cg, cb)
         r.skip(8 * track)  # track (image_id, point2D_idx) pairs
