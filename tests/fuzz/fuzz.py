@@ -9,7 +9,7 @@ distsplat's own writers when missing. A finding is any exception other than the 
 documented error, a hang (-timeout) or an allocation past -rss_limit_mb /
 -malloc_limit_mb; libFuzzer writes the input to tests/fuzz/crashers/TARGET/, which the
 replay test (tests/fuzz/test_replay.py) runs in CI once it is fixed. `all` writes
-benchmarks/results/fuzz_parsers.json (executions and findings per target).
+benchmarks/results/fuzz_parsers_SECONDSs.json (executions and findings per target).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> None:
                            "returncode": p.returncode, "crashers": crashers,
                            "finding": (finding[:1] + exc[-1:]) if p.returncode else []}
         print(target, results[target], flush=True)
-    out = REPO / "benchmarks" / "results" / "fuzz_parsers.json"
+    out = REPO / "benchmarks" / "results" / f"fuzz_parsers_{seconds}s.json"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     import datetime
     import platform
