@@ -12,7 +12,10 @@ the new one lives in its `.tmp` directory until `checkpoint.finalize` renames it
 A diverging step.  A step whose loss or gradients hold NaN or Inf on any rank is skipped by
 every rank (no Adam update, no densification bookkeeping): `DivergenceGuard.bad_step`
 folds a finiteness check of this rank's loss and gradients into one all-reduce of W flags
-and reads it back (one host sync per step; --max_bad_steps 0 turns the check off). After
+and reads it back (one host sync per step; --max_bad_steps 0 turns the check off). It is a
+new collective per step because none of the existing ones can carry it: the count exchange
+and the payload run before the loss exists, and the reverse payload before the gradients
+are complete; the flag is only known once backward has finished on every rank. After
 --max_bad_steps such steps in a row the trainer saves the last good state and raises
 `DivergenceError`.
 """
