@@ -35,6 +35,8 @@ def _frames(path: Path) -> Tuple[dict, List[str], np.ndarray]:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}; fix or re-export the file") from None
+    except (UnicodeDecodeError, RecursionError) as e:  # not text; nested past Python's recursion limit
+        raise DataError(f"{path}: not a transforms JSON file ({type(e).__name__}); fix or re-export the file") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
         raise DataError(f"{path}: expected an object with a non-empty 'frames' list "
                         "({\"camera_angle_x\": ..., \"frames\": [{\"file_path\": ..., \"transform_matrix\": ...}, ...]})")
@@ -59,6 +61,20 @@ def _frames(path: Path) -> Tuple[dict, List[str], np.ndarray]:
         names.append(name)
         c2w.append(M @ GL_TO_CV)
     return meta, names, np.stack(c2w)
+
+
+def _intrinsics(path: Path, meta: dict, w: int, h: int) -> np.ndarray:
+    """K [3, 3] from fl_x/fl_y/cx/cy or camera_angle_x; DataError unless finite with positive focals."""
+    try:
+        fx = float(meta["fl_x"]) if "fl_x" in meta else 0.5 * w / math.tan(0.5 * float(meta["camera_angle_x"]))
+        fy = float(meta.get("fl_y", fx))
+        cx, cy = float(meta.get("cx", w / 2)), float(meta.get("cy", h / 2))
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+        raise DataError(f"{path}: camera_angle_x / fl_x, fl_y, cx, cy must be numbers ({type(e).__name__}: {e})") from None
+    if not (all(math.isfinite(v) for v in (fx, fy, cx, cy)) and fx > 0 and fy > 0):
+        raise DataError(f"{path}: focal lengths {fx}, {fy} (from camera_angle_x or fl_x/fl_y) and centre {cx}, {cy} must "
+                        "be finite with positive focals; fix the file")
+    return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
 
 
 def load_blender(
@@ -89,9 +105,7 @@ def load_blender(
         raise DataError(f"{source.where(bad)}: image is {sizes[bad][0]}x{sizes[bad][1]}, the others {sizes[0][0]}x{sizes[0][1]} "
                         f"(one camera_angle_x describes all frames)")
     w, h = sizes[0]
-    fx = float(meta["fl_x"]) if "fl_x" in meta else 0.5 * w / math.tan(0.5 * float(meta["camera_angle_x"]))
-    fy = float(meta.get("fl_y", fx))
-    K = np.array([[fx, 0.0, float(meta.get("cx", w / 2))], [0.0, fy, float(meta.get("cy", h / 2))], [0.0, 0.0, 1.0]])
+    K = _intrinsics(train_file, meta, w, h)
     C = len(names)
     points, transform = np.zeros((0, 3), np.float32), np.eye(4)
     if normalize:

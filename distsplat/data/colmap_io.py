@@ -115,7 +115,10 @@ class _Reader:
         end = self.buf.find(b"\0", self.pos)
         if end < 0:
             raise DataError(f"{self.path}: truncated image name at offset {self.pos}; {REEXPORT}")
-        s = self.buf[self.pos:end].decode("utf-8")
+        try:
+            s = self.buf[self.pos:end].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{self.path}: image name at offset {self.pos} is not UTF-8 ({e.reason}); {REEXPORT}") from None
         self.pos = end + 1
         return s
 
@@ -160,7 +163,10 @@ def read_points_bin(path: Path) -> Points:
     offsets = np.zeros(n + 1, np.int64)
     tracks = []
     for i in range(n):
-        ids[i], x, y, z, cr, cg, cb, err[i], track = r.unpack("<Q3d3BdQ")
+        pid, x, y, z, cr, cg, cb, err[i], track = r.unpack("<Q3d3BdQ")
+        if pid >= 2**63:  # COLMAP numbers points from 1; an id past int64 is a damaged file
+            raise DataError(f"{path}: point {i} has id {pid}, past the int64 range: the file is damaged; {REEXPORT}")
+        ids[i] = pid
         xyz[i] = (x, y, z)
         rgb[i] = (cr, cg, cb)
         start = r.pos
@@ -201,12 +207,18 @@ def _track(p: Points, i: int) -> list:
 
 # ---------------------------------------------------------------- text
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a COLMAP text file (not UTF-8 at byte {e.start}); {REEXPORT}") from None
+
+
 def _text_lines(path: Path):
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if line and not line.startswith("#"):
-                yield lineno, line
+    for lineno, line in enumerate(_read_text(path).split("\n"), 1):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            yield lineno, line
 
 
 def read_cameras_txt(path: Path) -> Dict[int, Camera]:
@@ -228,8 +240,7 @@ def read_cameras_txt(path: Path) -> Dict[int, Camera]:
 def read_images_txt(path: Path) -> Dict[int, Image]:
     """As COLMAP reads it: a pose line (10 fields), then one points2D line, possibly empty."""
     images = {}
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    lines = _read_text(path).split("\n")
     i = 0
     while i < len(lines):
         line = lines[i].strip()
@@ -258,9 +269,15 @@ def read_points_txt(path: Path) -> Points:
         return Points(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0),
                       np.zeros(1, np.int64), np.zeros(0, np.int64))
     a = np.array(rows)
+    try:
+        ids, xyz, err = a[:, 0].astype(np.int64), a[:, 1:4].astype(np.float64), a[:, 7].astype(np.float64)
+        rgb = a[:, 4:7].astype(np.int64)
+    except (ValueError, OverflowError) as e:
+        raise DataError(f"{path}: malformed point line ({e}); {REEXPORT}") from None
+    if rgb.size and (rgb.min() < 0 or rgb.max() > 255):
+        raise DataError(f"{path}: a point colour is outside 0..255; {REEXPORT}")
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in tracks])]).astype(np.int64)
-    return Points(a[:, 0].astype(np.int64), a[:, 1:4].astype(np.float64), a[:, 4:7].astype(np.uint8),
-                  a[:, 7].astype(np.float64), offsets, np.concatenate(tracks))
+    return Points(ids, xyz, rgb.astype(np.uint8), err, offsets, np.concatenate(tracks))
 
 
 def write_model_txt(model: Model, folder: Path) -> None:

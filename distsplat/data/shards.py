@@ -120,17 +120,26 @@ class TarShardSource(ImageSource):
             table: Dict[str, list] = index["images"]
         except FileNotFoundError:
             raise DataError(f"shard index {self.index_path} does not exist") from None
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise DataError(f"{self.index_path}: malformed shard index ({type(e).__name__}: {e})") from None
         root = self.index_path.parent
-        self.shard_paths = [root / s["file"] for s in shards]
+        try:  # the shapes the index must have (a hand-edited or damaged file: a DataError, never a crash)
+            if not isinstance(table, dict) or not all(isinstance(k, str) for k in table):
+                raise TypeError("'images' must map image names to [shard, offset, length]")
+            self.shard_paths = [root / str(s["file"]) for s in shards]
+            entries = {name: tuple(int(v) for v in where) for name, where in table.items()}
+            if any(len(e) != 3 for e in entries.values()):
+                raise ValueError("every image needs [shard, offset, length]")
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{self.index_path}: malformed shard index ({type(e).__name__}: {e}); "
+                            "re-run scripts/pack_shards.py") from None
         self.names = list(names) if names is not None else sorted(table)
         self._where: List[Tuple[int, int, int]] = []  # per camera: (shard, offset, length)
         shard_bytes: Dict[int, int] = {}
         for name in self.names:
             if name not in table:
                 raise DataError(f"{self.index_path}: image {name!r} is not in the shard index ({len(table)} images indexed)")
-            s, off, length = (int(v) for v in table[name])
+            s, off, length = entries[name]
             if not 0 <= s < len(self.shard_paths):
                 raise DataError(f"{self.index_path}: image {name!r} names shard {s}, the index lists {len(self.shard_paths)}")
             if s not in shard_bytes:

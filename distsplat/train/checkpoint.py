@@ -245,7 +245,7 @@ def _load_meta(file: Path, advice: str) -> Dict[str, Any]:
         raise CheckpointError(f"{file} cannot be read ({e}); {advice}") from None
     try:
         meta = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
         raise CheckpointError(f"{file} is truncated or corrupt (not valid JSON); {advice}") from None
     if not isinstance(meta, dict) or "format" not in meta:
         raise CheckpointError(f"{file} is not a distsplat checkpoint meta file; {advice}")

@@ -99,7 +99,7 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
         rank = 0 if getattr(e, "agreed", False) else _rank()  # agreed: the same on all ranks
         _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2)
     except Exception as e:  # noqa: BLE001 - any failure ends in one line naming the rank
-        if not is_peer_failure(e):
+        if not is_peer_failure(e) and not getattr(e, "agreed", False):  # agreed: a clear line says it all
             traceback.print_exc()
         report = getattr(e, "report", None) or f"rank {_rank()} failed: {type(e).__name__}: {e}"
         _fail(f"distsplat: {report}", 1)

@@ -132,6 +132,11 @@ class Config:
     prefetch: int = 2
     """Batches decoded ahead of the step that needs them."""
 
+    # Divergence guard (issue 21; distsplat/train/faults.py)
+    max_bad_steps: int = 10
+    """A step whose loss or gradients are NaN/Inf on any rank is skipped on every rank (no update); after this
+    many in a row the run saves the last good state and stops. 0: no check (one host sync less per step)."""
+
     disable_viewer: bool = False
     """Do not start the live viewer (viser, on rank 0)."""
     port: int = 8080
@@ -201,6 +206,7 @@ class Config:
              f"need 0 < near_plane < far_plane, got {self.near_plane}, {self.far_plane}"),
             (self.rebalance_ratio > 1.0, "--rebalance_ratio", f"must be > 1, got {self.rebalance_ratio}"),
             (self.num_workers >= 1 and self.prefetch >= 1, "--num_workers/--prefetch", "must be >= 1"),
+            (self.max_bad_steps >= 0, "--max_bad_steps", f"must be >= 0, got {self.max_bad_steps}"),
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
             (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
             (0 <= self.port <= 65535, "--port", f"must be in 0..65535, got {self.port}"),
@@ -233,12 +239,15 @@ class Config:
                 raise ValueError(f"{flag} must be > 0 (GiB), got {value}")
         if not 0.0 < self.memory_fraction <= 1.0:
             raise ValueError(f"--memory_fraction must be in (0, 1], got {self.memory_fraction}")
-        if self.backend == "gsplat":
+        if self.backend == "gsplat" or self.cache == "gpu":
             import torch
 
             if not torch.cuda.is_available():  # else the first step fails, deep in the renderer
-                raise ValueError("--backend gsplat runs gsplat's CUDA kernels, and this machine has no CUDA GPU "
-                                 "that torch can use; pass --backend torch (or auto, the default) to train on CPU")
+                if self.backend == "gsplat":
+                    raise ValueError("--backend gsplat runs gsplat's CUDA kernels, and this machine has no CUDA GPU "
+                                     "that torch can use; pass --backend torch (or auto, the default) to train on CPU")
+                raise ValueError("--cache gpu keeps each rank's images in GPU memory, and this machine has no CUDA "
+                                 "GPU that torch can use; pass --cache decoded (or auto, the default) to cache in RAM")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -171,9 +171,16 @@ class MemoryGuard:
                     state: Dict[str, object]) -> Optional[str]:
         """Before training: warns (and returns the message) when the initial Gaussians, with
         the gradients, optimizer state and activations the first step adds, already pass
-        the limit."""
+        the limit; ValueError when they alone need more than the whole limit (a GPU with too
+        little memory: the first step would run out of it)."""
         n = len(params["means"])
         b, _ = bytes_per_gaussian(params, self.accumulators)
+        if n * b > self.limit:  # the Gaussians alone: the first step cannot fit, end before training
+            raise ValueError(
+                f"rank {self.rank}'s {n} initial Gaussians need {fmt_bytes(n * b)} with their gradients, optimizer "
+                f"state and activations ({b} B each), more than its {fmt_bytes(self.limit)} of memory "
+                f"({self.limit_source}); use more ranks (or GPUs with more memory), fewer initial points "
+                "(--init_num_pts, a sparser point cloud) or a smaller --sh_degree")
         used = self.measure()
         pending = max(0, n * b - held_bytes(params, optimizers, state))
         if used + pending <= self.allowed_bytes:

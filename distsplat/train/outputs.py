@@ -53,23 +53,40 @@ def memory_gb(device: torch.device) -> float:
 
 def export_ply(
     result_dir: Path, step: int, params: Dict[str, torch.Tensor], start: int, n_all: int,
-    ctx: DistContext,
-) -> Path:
+    ctx: DistContext, guard: Optional[Any] = None,
+) -> Optional[Path]:
     """One merged PLY: rank 0 sizes the file, every rank writes its rows at its offset,
-    rank 0 renames it into place. Every rank calls this."""
+    rank 0 renames it into place. Every rank calls this. With `guard` (faults.SaveGuard)
+    a full disk on any rank skips the PLY on every rank (None returned, the partial file
+    removed) instead of ending the run."""
     final = result_dir / "ply" / f"point_cloud_{step:04d}.ply"
     tmp = final.with_name(final.name + ".tmp")
     sh_rest = params["shN"].shape[1]
-    if ctx.is_main:
+    rows = ply_rows(params)  # [N, F] float32
+    header = len(ply_header(n_all, sh_rest))
+    run = guard.run if guard is not None else _run_then_barrier
+    what = f"PLY of step {step}"
+
+    def create() -> None:
         final.parent.mkdir(parents=True, exist_ok=True)
         create_ply(tmp, n_all, sh_rest)
-    barrier()
-    header = len(ply_header(n_all, sh_rest))
-    write_ply_rows(tmp, header, start, ply_rows(params))
-    barrier()
+
+    ok = (run(what, lambda r: tmp, header, create if ctx.is_main else None)
+          and run(what, lambda r: tmp, rows.nbytes, lambda: write_ply_rows(tmp, header, start, rows)))
+    if not ok:
+        guard.discard(tmp)
+        return None
     if ctx.is_main:
         os.replace(tmp, final)
     return final
+
+
+def _run_then_barrier(what, path_of, nbytes, write) -> bool:
+    """SaveGuard.run without the guard: any error propagates."""
+    if write is not None:
+        write()
+    barrier()
+    return True
 
 
 def save_image(path: Path, image: torch.Tensor) -> None:

@@ -52,6 +52,7 @@ from .losses import photometric_loss
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
+from .faults import DivergenceGuard, SaveGuard
 from .scene_setup import check_single_size, load_scene, scene_scale
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class Trainer:
         self.where = "during setup"  # for failure reports: what this rank was doing
 
         self._warned_newer = False
+        self.saves = SaveGuard(ctx, self.device, self.result_dir / "ckpts")  # a full disk skips a save
+        self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps)  # NaN/Inf steps are skipped
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -232,10 +235,13 @@ class Trainer:
         for step in range(self.start_step, cfg.max_steps):
             self.where = f"at step {step}"
             loss = self.train_step(step)
-            loss_sum, loss_n = loss_sum + loss.detach(), loss_n + 1
             done = step + 1
+            if loss is not None:  # None: a NaN/Inf step, skipped on every rank
+                loss_sum, loss_n = loss_sum + loss.detach(), loss_n + 1
+            elif self.divergence.diverged:  # --max_bad_steps in a row: keep the last good state, stop
+                raise self.divergence.error(self.save(done), self.result_dir / "ckpts", done)
             if done % cfg.log_every == 0 or done == cfg.max_steps:
-                self.metrics["loss"] = (loss_sum / max(loss_n, 1)).item()  # the only sync per interval
+                self.metrics["loss"] = (loss_sum / loss_n).item() if loss_n else float("nan")  # one sync
                 loss_sum, loss_n = torch.zeros((), device=self.device), 0
                 self.metrics["steps_per_s"] = (done - self.start_step) / (time.perf_counter() - t_start)
                 if progress is not None:
@@ -257,6 +263,7 @@ class Trainer:
                 self.eval(done, time.perf_counter() - t_start)
         if progress is not None:
             progress.close()
+        self.saves.report_end(self.metrics)  # which saves a full disk skipped
         return self.metrics
 
     def _open_outputs(self) -> None:
@@ -268,7 +275,7 @@ class Trainer:
             name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
             write_json(self.result_dir / name, self.cfg.to_dict())
 
-    def train_step(self, step: int) -> Tensor:
+    def train_step(self, step: int) -> Optional[Tensor]:
         cfg = self.cfg
         batch = self._batch(step)
         images = next(self.loader)
@@ -303,6 +310,13 @@ class Trainer:
             loss = loss + cfg.scale_reg * g["scales"].sum() / (3 * self.n_all)
         self.strategy.step_pre_backward(self.params, self.optimizers, self.strategy_state, step, meta)
         loss.backward()
+        learned = self.params if self.pose is None else {**self.params, "pose": self.pose.deltas}
+        if self.divergence.bad_step(step, loss, learned):  # on any rank: no update, no densify
+            for opt in self.optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            if self.pose is not None:
+                self.pose.optimizer.zero_grad(set_to_none=True)
+            return None
         if self.pose is not None:
             self.pose.step()  # one all-reduce of the corrections' gradient, the same step everywhere
         lr = self._means_lr(step)
@@ -435,23 +449,20 @@ class Trainer:
         self.metrics.update(frames=n, frames_dir=str(frames), video=str(mp4) if mp4 else None)
         return self.metrics
 
-    def save(self, step: int) -> None:
-        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it."""
+    def save(self, step: int) -> bool:
+        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
+        full disk on any rank skips either on every rank, and training goes on (faults.py)."""
         ctx, root = self.ctx, self.result_dir / "ckpts"
         counts = gather_counts(len(self.params["means"]), self.device)
         self.n_all = sum(counts)
-        if ctx.is_main:
-            ck.begin(root, step)
-        barrier()
         per_gaussian = {k: v for k, v in self.strategy_state.items()
                         if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
         payload = ck.shard_payload(self.params, self.optimizers, per_gaussian)
         payload["rng"] = rng_state(self.device)  # densification draws from it
         if self.pose is not None:  # identical on every rank; any shard restores it
             payload["pose_opt"] = self.pose.state_dict()
-        ck.write_shard(root, step, ctx.rank, payload)
-        barrier()
-        if ctx.is_main:
+
+        def finalize() -> None:  # rank 0, once every shard is written
             pos = self.batch_start + step - self.start_step
             spe = self.batcher.steps_per_epoch
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
@@ -463,10 +474,13 @@ class Trainer:
                 log.warning("%s holds checkpoints newer than this run's step %d (%s), from another "
                             "run: they are kept, and --ckpt %s resumes from the newest of them",
                             root, step, ", ".join(p.name for p in newer), root)
+
+        saved = self.saves.checkpoint(step, payload, finalize)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
-            export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx)
+            export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx, self.saves)
         barrier()
+        return saved  # whether the checkpoint is complete (the same on every rank)
 
     def _scene_fingerprint(self) -> Dict[str, Any]:
         return {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,

@@ -79,10 +79,14 @@ def read_ply_header(path: Path) -> Tuple[int, list, int]:
     n, names = None, []
     for line in head[:end].decode("ascii", "replace").splitlines()[1:]:
         parts = line.split()
+        if parts[:1] in (["format"], ["element"], ["property"]) and len(parts) < 3:
+            raise ValueError(f"--ckpt {path}: malformed PLY header line {line!r}")
         if parts[:1] == ["format"] and parts[1:2] != ["binary_little_endian"]:
             raise ValueError(f"--ckpt {path}: PLY format {parts[1]} is not supported "
                              "(binary_little_endian only)")
         if parts[:2] == ["element", "vertex"]:
+            if not parts[2].isdigit():
+                raise ValueError(f"--ckpt {path}: PLY vertex count {parts[2]!r} is not a number")
             n = int(parts[2])
         elif parts[:1] == ["element"]:
             raise ValueError(f"--ckpt {path}: unexpected PLY element {parts[1]!r}")
@@ -102,8 +106,12 @@ def read_ply_chunk(path: Path, rank: int, world_size: int) -> Tuple[Dict[str, Te
     if n_rest % 3 or names != ply_fields(n_rest // 3):
         raise ValueError(f"--ckpt {path}: PLY properties are not the 3DGS layout "
                          "(x y z nx ny nz f_dc_* f_rest_* opacity scale_* rot_*)")
-    start, end = chunk_bounds(n_all, world_size)[rank]
     F = len(names)
+    size = path.stat().st_size
+    if size < header + n_all * F * 4:  # before reading: the header's count must match the file
+        raise ValueError(f"--ckpt {path}: the PLY header announces {n_all} Gaussians ({n_all * F * 4} bytes), the "
+                         f"file holds {max(size - header, 0)} bytes after its header: truncated or damaged")
+    start, end = chunk_bounds(n_all, world_size)[rank]
     rows = np.fromfile(path, dtype="<f4", count=(end - start) * F, offset=header + start * F * 4)
     rows = torch.from_numpy(rows.reshape(end - start, F).copy())  # [N, F]
     col = {name: i for i, name in enumerate(names)}

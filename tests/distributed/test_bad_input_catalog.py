@@ -377,6 +377,18 @@ def gsplat_without_cuda(b: Bench):
     return colmap_args(b.colmap(), "--backend", "gsplat")
 
 
+@case("--cache gpu keeps each rank's images in GPU memory, and this machine has no CUDA GPU",
+      pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"))
+def gpu_cache_without_cuda(b: Bench):
+    return colmap_args(b.colmap(), "--cache", "gpu")
+
+
+@case("initial Gaussians need")
+def too_little_memory_for_the_initial_gaussians(b: Bench):
+    """10000 Gaussians per rank need ~2.5 MiB at SH degree 1; the limit flag stands in for a small GPU."""
+    return colmap_args(b.colmap(), "--init_type", "random", "--init_num_pts", "20000", "--memory_limit_gb", "0.001")
+
+
 @case("--sh_degree must be in 0..4, got -1")
 def negative_sh_degree(b: Bench):
     return colmap_args(b.colmap(), "--sh_degree", "-1")

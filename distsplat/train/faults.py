@@ -1,0 +1,207 @@
+"""Faults of long runs that must not end them, or must end them cleanly (issue 21).
+
+A full disk while saving.  A checkpoint or PLY write that fails because the disk is full,
+over quota or read-only (ENOSPC, EDQUOT, EROFS) skips that save on EVERY rank and the run
+goes on: rank 0 warns naming the file and the bytes it needed, the next save step tries
+again, and the end of the run lists the saves that failed. A write can fail on one rank
+only, so each phase of a save ends in one agreement (`SaveGuard.run`: an all-reduce of W
+small rows, in place of the barrier that separated the phases anyway) and a checkpoint is
+finalized only once every shard is written. The last complete checkpoint is never touched:
+the new one lives in its `.tmp` directory until `checkpoint.finalize` renames it.
+
+A diverging step.  A step whose loss or gradients hold NaN or Inf on any rank is skipped by
+every rank (no Adam update, no densification bookkeeping): `DivergenceGuard.bad_step`
+folds a finiteness check of this rank's loss and gradients into one all-reduce of W flags
+and reads it back (one host sync per step; --max_bad_steps 0 turns the check off). It is a
+new collective per step because none of the existing ones can carry it: the count exchange
+and the payload run before the loss exists, and the reverse payload before the gradients
+are complete; the flag is only known once backward has finished on every rank. After
+--max_bad_steps such steps in a row the trainer saves the last good state and raises
+`DivergenceError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+from ..distributed import DistContext, all_reduce_sum
+from . import checkpoint as ck
+from .memory import fmt_bytes
+
+log = logging.getLogger(__name__)
+
+_META_BYTES = 64 * 1024  # meta.json: the config and a row per shard, a few KiB
+DISK_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EROFS: "EROFS"}
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """A write that failed for lack of room (full disk, quota) or a read-only file system."""
+    return isinstance(error, OSError) and error.errno in DISK_ERRNOS
+
+
+def payload_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) payload: what torch.save needs, within its few KiB
+    of framing."""
+    if isinstance(obj, Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(v) for v in obj)
+    return 0
+
+
+def _free_bytes(path: Path) -> int:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return -1
+
+
+class SaveGuard:
+    """The phases of a save, run so that a full disk on any rank skips the save on all."""
+
+    def __init__(self, ctx: DistContext, device: torch.device, ckpt_root: Path):
+        self.ctx, self.device, self.ckpt_root = ctx, device, Path(ckpt_root)
+        self.failed: List[str] = []  # "checkpoint of step 40", ... in order
+
+    def run(self, what: str, path_of: Callable[[int], Path], nbytes: int,
+            write: Optional[Callable[[], Any]]) -> bool:
+        """Runs `write` (None: this rank has no part in this phase), then agrees with every
+        rank: True when no rank's write failed. A disk-full error is caught (any other
+        error propagates: a real failure, reported as such); rank 0 warns naming the
+        failing rank's file (`path_of(rank)`), the bytes it needed and the bytes free."""
+        W, r = self.ctx.world_size, self.ctx.rank
+        row = torch.zeros(W, 3, dtype=torch.int64, device=self.device)  # [W, (errno, needed, free)]
+        if write is not None:
+            try:
+                write()
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                path = path_of(r)
+                row[r] = torch.tensor([e.errno, nbytes, _free_bytes(path)])
+        rows = all_reduce_sum(row).tolist()  # every rank: the same rows, the same decision
+        bad = [(q, *v) for q, v in enumerate(rows) if v[0]]
+        if not bad:
+            return True
+        if self.ctx.is_main:
+            if not self.failed or self.failed[-1] != what:
+                self.failed.append(what)
+            for q, code, needed, free in bad:
+                reason = ("the file system is read-only" if code == errno.EROFS else
+                          f"{os.strerror(code)} [{DISK_ERRNOS.get(code, code)}]")
+                room = f"; {fmt_bytes(free)} free there" if free >= 0 else ""
+                log.warning("%s not saved: rank %d could not write %s (%s): it needs about %s (%d bytes)%s. "
+                            "Training goes on and the next save step tries again; %s", what, q, path_of(q),
+                            reason, fmt_bytes(needed), needed, room, self._last_complete())
+        return False
+
+    def checkpoint(self, step: int, payload: Dict[str, Any], finalize: Callable[[], Any]) -> bool:
+        """checkpoint.py's sequence, each phase agreed: begin (rank 0), every rank's shard,
+        `finalize` (rank 0: meta.json and the rename). False (and the partial .tmp
+        removed) when any rank's write failed for a full disk."""
+        root, main = self.ckpt_root, self.ctx.is_main
+        what, tmp = f"checkpoint of step {step}", ck.tmp_dir(self.ckpt_root, step)
+        ok = (self.run(what, lambda r: tmp, 0, (lambda: ck.begin(root, step)) if main else None)
+              and self.run(what, lambda r: tmp / f"rank_{r:04d}.pt", payload_bytes(payload),
+                           lambda: ck.write_shard(root, step, self.ctx.rank, payload))
+              and self.run(what, lambda r: tmp / ck.META, _META_BYTES, finalize if main else None))
+        if not ok:
+            self.discard(tmp)
+        return ok
+
+    def _last_complete(self) -> str:
+        return self.last_complete(self.ckpt_root)
+
+    @staticmethod
+    def last_complete(ckpt_root: Path) -> str:
+        done = ck.complete_checkpoints(ckpt_root)
+        return f"the last complete checkpoint is {done[-1]}" if done else "no checkpoint is complete yet"
+
+    def discard(self, path: Path) -> None:
+        """Rank 0, after a failed save: removes its partial files (every rank has stopped
+        writing: the agreement came first), giving their room back to the run."""
+        if self.ctx.is_main:
+            if Path(path).is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                Path(path).unlink(missing_ok=True)
+
+    def report_end(self, metrics: Dict[str, Any]) -> None:
+        """At the end of a run: rank 0 warns which saves failed; metrics["failed_saves"]."""
+        metrics["failed_saves"] = list(self.failed)
+        if self.failed and self.ctx.is_main:
+            log.warning("%d save(s) failed because the disk was full or read-only: %s; %s", len(self.failed),
+                        ", ".join(self.failed), self._last_complete())
+
+
+class DivergenceError(RuntimeError):
+    """Training stopped after --max_bad_steps steps in a row with NaN/Inf loss or gradients."""
+
+
+class DivergenceGuard:
+    """Finds steps whose loss or gradients are not finite on any rank, the same step on all."""
+
+    def __init__(self, ctx: DistContext, device: torch.device, max_bad_steps: int):
+        self.ctx, self.device, self.max_bad = ctx, device, max_bad_steps
+        self.in_a_row = 0
+        self.skipped = 0
+        self.first_bad: Optional[int] = None  # first step of the current run of bad steps
+        self.bad_ranks: List[int] = []
+
+    def bad_step(self, step: int, loss: Tensor, params: Dict[str, Tensor]) -> bool:
+        """After backward: True when any rank's loss or gradients hold NaN/Inf (every rank
+        returns the same). One all-reduce of W flags and one host read per step; False
+        without either when the check is off (--max_bad_steps 0)."""
+        if self.max_bad <= 0:
+            return False
+        W, r = self.ctx.world_size, self.ctx.rank
+        # Sums propagate NaN and Inf: one finiteness test of W+1 scalars, no [N] mask kept.
+        sums = [loss.detach().float().reshape(())]
+        sums += [p.grad.detach().float().sum() for p in params.values() if p.grad is not None]
+        flags = torch.zeros(W, device=self.device)  # [W]
+        flags[r] = (~torch.isfinite(torch.stack(sums))).any().float()
+        ranks = [q for q, f in enumerate(all_reduce_sum(flags).tolist()) if f]  # the added host sync
+        if not ranks:
+            self.in_a_row, self.first_bad = 0, None
+            return False
+        self.in_a_row += 1
+        self.skipped += 1
+        self.bad_ranks = ranks
+        if self.first_bad is None:
+            self.first_bad = step
+        if self.ctx.is_main:
+            log.warning("step %d skipped: the loss or gradients are NaN/Inf on rank(s) %s (%d bad step(s) in a "
+                        "row; the run stops at --max_bad_steps %d)", step, ranks, self.in_a_row, self.max_bad)
+        return True
+
+    @property
+    def diverged(self) -> bool:
+        return 0 < self.max_bad <= self.in_a_row
+
+    def error(self, saved: bool, ckpt_root: Path, step: int) -> DivergenceError:
+        """The error that ends the run; `saved`: whether the last good state was checkpointed."""
+        if saved:
+            kept = f"The last good state is saved: resume with --ckpt {ck.step_dir(ckpt_root, step)}"
+        else:
+            kept = ("Saving the last good state failed (see the warning above); "
+                    f"{SaveGuard.last_complete(ckpt_root)}")
+        e = DivergenceError(
+            f"training diverged: {self.in_a_row} steps in a row (steps {self.first_bad} to {step - 1}) had NaN/Inf "
+            f"loss or gradients (last on rank(s) {', '.join(map(str, self.bad_ranks))}), --max_bad_steps "
+            f"{self.max_bad}; none of them changed the Gaussians. {kept}. Lower the learning rates (e.g. "
+            "--means_lr, --scales_lr) or check the input images and poses")
+        e.agreed = True  # every rank raises it at the same step: no traceback (cli.main)
+        return e
