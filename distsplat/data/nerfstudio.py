@@ -96,6 +96,8 @@ def _read_meta(path: Path) -> dict:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}; fix or re-export the file") from None
+    except (UnicodeDecodeError, RecursionError) as e:  # not UTF-8 text; nested past Python's recursion limit
+        raise DataError(f"{path}: not a JSON text file ({type(e).__name__}); fix or re-export the file") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
@@ -250,11 +252,13 @@ def read_ply_points(ply: Path) -> Tuple[np.ndarray, np.ndarray]:
         elif parts[:1] == ["element"] and len(parts) == 3:
             element = parts[1]
             if element == "vertex":
-                count = int(parts[2])
+                count = int(parts[2]) if parts[2].isdigit() else -1  # digits only: no sign, no '_'
+                if count < 0:
+                    raise DataError(f"{ply}: 'element vertex {parts[2]}' needs a vertex count >= 0")
             elif count == 0:
                 raise DataError(f"{ply}: element {element!r} comes before 'vertex'; distsplat reads the vertex element first")
         elif parts[:1] == ["property"] and element == "vertex":
-            if parts[1] == "list" or parts[1] not in PLY_TYPES:
+            if len(parts) != 3 or parts[1] not in PLY_TYPES:  # also 'property list ...'
                 raise DataError(f"{ply}: vertex property {' '.join(parts[1:])!r} is not a scalar PLY type")
             props.append((parts[2], PLY_TYPES[parts[1]]))
     names = [p for p, _ in props]

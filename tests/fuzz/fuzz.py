@@ -52,6 +52,7 @@ def fuzz_one(name: str, seconds: int) -> None:
         import targets  # noqa: F401
         import distsplat.data.colmap_io  # noqa: F401
         import distsplat.data.blender  # noqa: F401
+        import distsplat.data.nerfstudio  # noqa: F401
         import distsplat.data.shards  # noqa: F401
         import distsplat.train.checkpoint  # noqa: F401
         import distsplat.viewer.model  # noqa: F401

@@ -40,6 +40,18 @@ def _shards(d: Path):
     return TarShardSource(d / "index.json")
 
 
+def _nerfstudio(d: Path):
+    from distsplat.data.nerfstudio import load_nerfstudio
+
+    return load_nerfstudio(d, check=False)
+
+
+def _nerfstudio_ply(d: Path):
+    from distsplat.data.nerfstudio import read_ply_points
+
+    return read_ply_points(d / "points.ply")
+
+
 def _ply(d: Path):
     from distsplat.viewer.model import read_ply_chunk
 
@@ -54,6 +66,8 @@ TARGETS: Dict[str, Target] = {
     "colmap_images_txt": Target("images.txt", lambda d: colmap_io.read_images_txt(d / "images.txt"), (DataError,)),
     "colmap_points_txt": Target("points3D.txt", lambda d: colmap_io.read_points_txt(d / "points3D.txt"), (DataError,)),
     "blender_transforms": Target("transforms_train.json", _blender, (DataError,)),
+    "nerfstudio_transforms": Target("transforms.json", _nerfstudio, (DataError,)),
+    "nerfstudio_ply": Target("points.ply", _nerfstudio_ply, (DataError,)),
     "shard_index": Target("index.json", _shards, (DataError,)),
     "checkpoint_meta": Target("step_000001/meta.json", lambda d: ck.read_meta(d / "step_000001"), (ck.CheckpointError,)),
     "viewer_ply": Target("point_cloud.ply", _ply, (ValueError,)),
@@ -61,12 +75,15 @@ TARGETS: Dict[str, Target] = {
 
 
 def prepare(scratch: Path) -> None:
-    """The files around the fuzzed one: a 4x4 PNG for Blender frames, a tar shard."""
+    """The files around the fuzzed one: a 4x4 PNG for Blender and nerfstudio frames, a tar
+    shard, the PLY a nerfstudio transforms.json names."""
     from PIL import Image
 
     scratch.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (4, 4), (10, 20, 30)).save(scratch / "r_0.png")
     (scratch / "step_000001").mkdir(exist_ok=True)
+    (scratch / "sparse_pc.ply").write_bytes(b"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\n"
+                                           b"property float y\nproperty float z\nend_header\n0 0 0\n")
     if not (scratch / "shard-00000.tar").exists():  # two images in one shard, as pack_shards writes them
         from distsplat.data.shards import pack_shards
 
@@ -123,6 +140,22 @@ def seeds(scratch: Path) -> Dict[str, Dict[str, bytes]]:
                  b'[[1,0,0,0],[0,1,0,0],[0,0,1,4],[0,0,0,1]]}]}',
         "intrinsics": b'{"fl_x": 3.0, "fl_y": 3.5, "cx": 2, "cy": 2, "frames": [{"file_path": "r_0.png", '
                       b'"transform_matrix": [[1,0,0,0],[0,1,0,0],[0,0,1,4],[0,0,0,1]]}]}',
+    }
+    frame = (b'{"file_path": "r_0.png", "transform_matrix": [[1,0,0,0],[0,1,0,0],[0,0,1,4],[0,0,0,1]]')
+    out["nerfstudio_transforms"] = {
+        "global": b'{"fl_x": 3.0, "fl_y": 3.5, "cx": 2, "cy": 2, "w": 4, "h": 4, "camera_model": "OPENCV", '
+                  b'"k1": 0.01, "k2": 0, "p1": 0, "p2": 0, "frames": [' + frame + b'}], '
+                  b'"applied_transform": [[1,0,0,0],[0,0,1,0],[0,-1,0,0]]}',
+        "per_frame": b'{"camera_model": "OPENCV_FISHEYE", "frames": [' + frame + b', "fl_x": 3, "fl_y": 3, '
+                     b'"cx": 2, "cy": 2, "w": 4, "h": 4, "k1": 0.01, "k2": 0, "k3": 0, "k4": 0}], '
+                     b'"ply_file_path": "sparse_pc.ply", "test_filenames": []}',
+    }
+    out["nerfstudio_ply"] = {
+        "ascii": b"ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\n"
+                 b"property float z\nproperty uchar red\nproperty uchar green\nproperty uchar blue\n"
+                 b"end_header\n0 0 0 1 2 3\n1 2 3 250 0 9\n",
+        "binary": b"ply\nformat binary_little_endian 1.0\nelement vertex 1\nproperty float x\n"
+                  b"property float y\nproperty float z\nend_header\n" + struct.pack("<3f", 1, 2, 3),
     }
     out["shard_index"] = {"index": (scratch / "packed" / "index.json").read_bytes()}
     # a real checkpoint's meta.json (2 shards), written by checkpoint.finalize
