@@ -12,8 +12,9 @@ written to a new folder.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import List, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -72,7 +73,9 @@ def load_colmap(
     check: bool = True,
 ) -> Scene:
     """Parses a COLMAP capture. `check=True` reads every image's header (size, truncation)
-    here, so bad images fail now on every rank rather than mid-training on one."""
+    here, so bad images fail now on every rank rather than mid-training on one; `check=False`
+    touches only one image per COLMAP camera (node-local staging: the caller checks the
+    images a rank owns, train/node_data.py)."""
     data_dir = Path(data_dir)
     if factor < 1:
         raise ValueError(f"factor must be >= 1, got {factor}")
@@ -101,17 +104,24 @@ def load_colmap(
         image_dir = full_dir
     if not image_dir.is_dir():
         raise DataError(_no_image_folder(data_dir, factor))
-    source = FolderSource([image_dir / _match_name(image_dir, n) for n in names], names)
-    source.check_exist()
+    listings: Dict[Path, tuple] = {}
+    source = FolderSource([image_dir / _match_name(image_dir, n, listings) for n in names], names)
+    if check:
+        source.check_exist()
 
-    # Sizes: every image's header when checking, else the first image of each camera (gsplat).
+    # Sizes: every image's header when checking, else the first image of each camera (gsplat)
+    # found here: with images staged per node (check=False) a node holds only its own.
     if check:
         stored = probe_images(source, range(len(names)))
     else:
         first = {}
         for i, im in enumerate(images):
-            if im.camera_id not in first:
+            if im.camera_id not in first and source.paths[i].is_file():
                 first[im.camera_id] = probe_images(source, [i])[0]
+        missing = sorted({im.camera_id for im in images} - set(first))
+        if missing:
+            raise DataError(f"{image_dir}: no image of COLMAP camera {missing[0]} is present here, so its image "
+                            "size is unknown; stage at least one of its images on this node")
         stored = [first[im.camera_id] for im in images]
     check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
     loaded = [downscaled_size(w, h, factor) for w, h in stored] if on_the_fly else stored
@@ -170,13 +180,27 @@ def _check_finite(model_dir: Path, images: Sequence[colmap_io.Image], points: co
                         "is damaged: re-export or re-run it")
 
 
-def _match_name(image_dir: Path, name: str) -> str:
-    """images_N/ may hold PNGs for JPEG originals (gsplat writes them so): same stem, any extension."""
-    if (image_dir / name).exists():
+def _match_name(image_dir: Path, name: str, listings: Optional[Dict[Path, tuple]] = None) -> str:
+    """images_N/ may hold PNGs for JPEG originals (gsplat writes them so): same stem, any extension.
+    `listings` caches each folder's entries (one listing per folder, not a stat and a glob per
+    image: a million-image capture, or a node that holds only its staged images)."""
+    listings = {} if listings is None else listings
+    folder = image_dir / Path(name).parent
+    if folder not in listings:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            entries = []
+        stems: Dict[str, List[str]] = {}
+        for e in entries:
+            stems.setdefault(os.path.splitext(e)[0], []).append(e)
+        listings[folder] = (set(entries), stems)
+    files, stems = listings[folder]
+    base = Path(name).name
+    if base in files:
         return name
-    stem = Path(name).with_suffix("")
-    matches = sorted(image_dir.glob(f"{stem}.*")) if "*" not in name and "?" not in name else []
-    return str(Path(name).parent / matches[0].name) if len(matches) == 1 else name
+    matches = stems.get(os.path.splitext(base)[0], []) if "*" not in name and "?" not in name else []
+    return str(Path(name).parent / matches[0]) if len(matches) == 1 else name
 
 
 def _split(data_dir: Path, names: Sequence[str], test_every: int):

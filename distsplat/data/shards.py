@@ -163,6 +163,10 @@ class TarShardSource(ImageSource):
     def encoded_size(self, index: int) -> int:
         return self._where[index][2]
 
+    def shard_of(self, index: int) -> int:
+        """Index into `shard_paths` of the shard holding camera `index`."""
+        return self._where[index][0]
+
     def peek(self, index: int, head: int) -> Tuple[bytes, bytes]:
         _, off, length = self._where[index]
         first = self._pread(index, min(head, length), off)

@@ -53,3 +53,69 @@ def test_two_nodes_of_two_ranks_equal_one_node_of_four(tmp_path):
     assert (tmp_path / "one" / "ply" / ply).read_bytes() == (tmp_path / "two" / "ply" / ply).read_bytes()
     for r in range(4):  # every rank of both nodes wrote its stats into the one result dir
         assert (tmp_path / "two" / "stats" / f"train_step{STEPS:04d}_rank{r}.json").is_file()
+
+
+def test_a_result_dir_the_nodes_do_not_share_stops_before_training(tmp_path):
+    """Each "node" runs in its own working directory with the relative --result_dir run:
+    two folders, as node-local disks would be. Every rank must stop at setup with one
+    message naming node 1 and its ranks, and leave nothing behind (no marker, no dir)."""
+    cwds = [tmp_path / "node0", tmp_path / "node1"]
+    for d in cwds:
+        d.mkdir()
+    nodes = torchrun_nodes(["default", "--max_steps", "5", "--result_dir", "run", *TINY_FLAGS], cwds=cwds,
+                           extra_env={"DISTSPLAT_SHARED_DIR_WAIT_S": "1"})
+    for n, p in enumerate(nodes):
+        assert p.returncode != 0, f"node {n} trained on a result dir the nodes do not share"
+        assert "--result_dir run is not shared by every node" in p.stderr, p.stderr[-3000:]
+        assert "ranks 2, 3 on node 1 (host " in p.stderr and f"looked in {cwds[1]}" in p.stderr
+        assert "step 1/" not in p.stderr  # stopped before training
+    assert [list(d.iterdir()) for d in cwds] == [[], []]
+
+
+def _stage(full: Path, node: int, dest: Path) -> set:
+    """scripts/stage_nodes.py --copy-to for `node` of a W=4 run on 2 nodes; the names copied."""
+    import subprocess
+    import sys
+
+    from torchrun_cli import REPO
+
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "stage_nodes.py"), "--data_dir", str(full),
+                        "--world_size", "4", "--nproc_per_node", "2", "--seed", "42", "--node", str(node),
+                        "--copy-to", str(dest)], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    return {f.name for f in (dest / "images").iterdir()}
+
+
+STAGED = ["default", "--max_steps", "6", "--eval_steps", "6", "--save_steps", "6", "--data_dir", "scene",
+          "--node_local_data", "--sh_degree", "1", "--num_workers", "1", "--prefetch", "1", "--disable_viewer",
+          "--init_num_pts", "200"]
+
+
+@pytest.mark.slow
+def test_nodes_train_on_their_staged_images_only_and_name_a_missing_one(tmp_path):
+    """Each node gets only the images stage_nodes.py lists for it. Training reads every
+    image its ranks own (all train cameras within 6 steps: 12 cameras, 4 ranks, batch 1
+    per rank), so a wrongly staged set fails the run; a removed image is named at setup."""
+    import sys
+
+    sys.path.append(str(Path(__file__).resolve().parents[1] / "unit"))  # appended: its scenes.py must not shadow ours
+    from data_helpers import make_colmap_dataset
+
+    full = make_colmap_dataset(tmp_path / "full", num_cameras=14, width=32, height=24, factors=())
+    cwds = [tmp_path / "node0", tmp_path / "node1"]
+    staged = [_stage(full, n, cwds[n] / "scene") for n in (0, 1)]
+    every = {f.name for f in (full / "images").iterdir()}
+    assert staged[0] | staged[1] == every and not staged[0] & staged[1]  # each image on one node
+    assert {len(s) for s in staged} <= {6, 7, 8}  # 14 images over 2 nodes, near halves
+    out = tmp_path / "run"
+    nodes = torchrun_nodes([*STAGED, "--result_dir", str(out)], cwds=cwds)
+    for n, p in enumerate(nodes):
+        assert p.returncode == 0, f"node {n}:\n{p.stderr[-3000:]}"
+    assert (out / "stats" / "val_step0006.json").is_file()
+
+    gone = sorted(staged[1])[0]
+    (cwds[1] / "scene" / "images" / gone).unlink()
+    nodes = torchrun_nodes([*STAGED, "--result_dir", str(tmp_path / "run2")], cwds=cwds)
+    assert all(p.returncode != 0 for p in nodes)
+    err = nodes[0].stderr
+    assert "node 1 (host " in err and "lacks 1 of the " in err and gone in err, err[-3000:]
