@@ -46,6 +46,44 @@ def _list_files(folder: Path) -> List[str]:
     return out
 
 
+def _header(name: str, size: int, mtime: int) -> bytes:
+    """The tar header block(s) of a regular file, as tarfile writes them: a ustar block
+    built here for short ASCII names (tarfile's TarInfo.tobuf costs more than the file's
+    read and write at 64x48 JPEGs), tarfile's PAX headers for anything else."""
+    raw = name.encode("ascii", "replace")
+    if len(raw) > 100 or not name.isascii():
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, mtime, 0o644
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    block = bytearray(_USTAR)
+    block[0:len(raw)] = raw
+    block[124:136] = b"%011o\0" % size
+    block[136:148] = b"%011o\0" % mtime
+    block[148:156] = b"%06o\0 " % sum(block)  # checksum over the block with its field as spaces
+    return bytes(block)
+
+
+def _ustar_template() -> bytes:
+    b = bytearray(tarfile.BLOCKSIZE)
+    b[100:108] = b"0000644\0"  # mode
+    b[108:116] = b"0000000\0"  # uid
+    b[116:124] = b"0000000\0"  # gid
+    b[148:156] = b" " * 8  # checksum field counts as spaces
+    b[156:157] = tarfile.REGTYPE
+    b[257:265] = tarfile.POSIX_MAGIC  # b"ustar\x0000"
+    return bytes(b)
+
+
+_USTAR = _ustar_template()
+
+
+def _end_tar(fh, pos: int) -> None:
+    """Two zero blocks, then zeros to a whole record, as tarfile closes an archive."""
+    end = pos + 2 * tarfile.BLOCKSIZE
+    fh.write(b"\0" * (2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE)))
+    fh.close()
+
+
 def pack_shards(folder: Union[str, Path], out: Union[str, Path], shard_size_mb: float = 256.0) -> Path:
     """Packs every file under `folder` (names: paths relative to it, '/'-separated, sorted)
     into `out/shard-NNNNN.tar` of at most `shard_size_mb` each (a single larger file gets a
@@ -59,27 +97,26 @@ def pack_shards(folder: Union[str, Path], out: Union[str, Path], shard_size_mb: 
     limit = int(shard_size_mb * 1024 * 1024)
     table = np.zeros((len(names), 3), dtype=np.int64)  # [C, 3] (shard, data offset, length)
     shards: List[dict] = []
-    tar: Optional[tarfile.TarFile] = None
+    tar = None
+    pos = 0  # bytes written to the current shard
     mtime = int(time.time())
     try:
         for i, name in enumerate(names):
             with open(folder / name, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if tar is None or (tar.offset > 0 and tar.offset + size + 1024 > limit):
-                    if tar is not None:
-                        tar.close()
-                        shards.append({"file": f"shard-{len(shards):05d}.tar"})
-                    tar = tarfile.open(out / f"shard-{len(shards):05d}.tar", "w", format=tarfile.PAX_FORMAT)
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = size, mtime, 0o644
-                tar.addfile(info, fh)
-            # addfile wrote the header(s) (PAX ones for long names), the data, then padding to
-            # 512 bytes: the data starts that padded length before the tar's write offset.
-            padded = -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-            table[i] = (len(shards), tar.offset - padded, size)
+                data = fh.read()
+            if tar is None or (pos > 0 and pos + len(data) + 1024 > limit):
+                if tar is not None:
+                    _end_tar(tar, pos)
+                    shards.append({"file": f"shard-{len(shards):05d}.tar"})
+                tar, pos = open(out / f"shard-{len(shards):05d}.tar", "wb"), 0
+            header = _header(name, len(data), mtime)
+            pad = -len(data) % tarfile.BLOCKSIZE
+            tar.write(header + data + b"\0" * pad)
+            table[i] = (len(shards), pos + len(header), len(data))
+            pos += len(header) + len(data) + pad
     finally:
         if tar is not None:
-            tar.close()
+            _end_tar(tar, pos)
     shards.append({"file": f"shard-{len(shards):05d}.tar"})
     for sh in shards:
         sh["bytes"] = (out / sh["file"]).stat().st_size
