@@ -14,8 +14,9 @@ values as the training run:
     torchrun --nnodes 2 --node_rank 1 --nproc_per_node 4 ... examples/simple_trainer.py default \\
         --data_dir /local/garden --data_factor 4 --node_local_data ...
 
---shards OUT/index.json stages the tar shards (scripts/pack_shards.py) holding each node's
-images instead of image files.
+--shards OUT/index.json stages tar shards (scripts/pack_shards.py) instead of image files:
+listed, the shards holding each node's images (with random ownership, usually all of them);
+copied, the node's images re-packed into shards of their own beside the model.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from distsplat.data import TarShardSource, load_colmap  # noqa: E402
+from distsplat.data.shards import write_shards  # noqa: E402
 from distsplat.train.node_data import files_of, node_summary, owned_by_node  # noqa: E402
 
 
-def copy_scene(data_dir: Path, files, dest: Path, extra=()) -> int:
+def copy_scene(data_dir: Path, files, dest: Path) -> int:
     """The model (sparse/), the split files and `files` under `dest`, at the same relative
     paths as under `data_dir`. Returns the bytes copied."""
     total = 0
-    for rel in ("sparse", "train.txt", "test.txt", *extra):
+    for rel in ("sparse", "train.txt", "test.txt"):
         src = data_dir / rel
         if src.is_dir():
             shutil.copytree(src, dest / rel, dirs_exist_ok=True)
@@ -61,6 +63,8 @@ def main() -> None:
     ap.add_argument("--world_size", type=int, required=True, help="W: nnodes x nproc_per_node")
     ap.add_argument("--nproc_per_node", type=int, required=True, help="ranks per node (torchrun --nproc_per_node)")
     ap.add_argument("--shards", type=Path, help="a shard index.json: stage the tar shards instead of image files")
+    ap.add_argument("--shard-size-mb", dest="shard_size_mb", type=float, default=256.0,
+                    help="with --shards --copy-to: largest re-packed shard in MiB (default 256)")
     ap.add_argument("--node", type=int, help="only this node (torchrun --node_rank)")
     ap.add_argument("--list", action="store_true", help="print the node's files, one a line (needs --node)")
     ap.add_argument("--copy-to", type=Path, help="copy the node's scene into this folder (needs --node)")
@@ -81,10 +85,19 @@ def main() -> None:
     if args.list:
         for f in files_of(scene, per_node[args.node].tolist()):
             print(f)
+    elif args.copy_to and args.shards is not None:
+        # Ownership is a random permutation, so every shard holds some of every node's images:
+        # the node's images are re-packed into shards of their own (1/nodes of the data).
+        own = sorted(per_node[args.node].tolist(), key=lambda i: scene.names[i])
+        rel = args.shards.resolve().parent.relative_to(args.data_dir.resolve())
+        copy_scene(args.data_dir, [], args.copy_to)
+        index = write_shards([scene.names[i] for i in own], lambda k: scene.images.read(own[k]),
+                             args.copy_to / rel, args.shard_size_mb)
+        nbytes = sum(p.stat().st_size for p in index.parent.iterdir())
+        print(json.dumps({"node": args.node, "images": len(own), "bytes": nbytes, "index": str(index)}))
     elif args.copy_to:
         files = files_of(scene, per_node[args.node].tolist())
-        extra = [] if args.shards is None else [str(args.shards.resolve().relative_to(args.data_dir.resolve()))]
-        nbytes = copy_scene(args.data_dir, files, args.copy_to, extra)
+        nbytes = copy_scene(args.data_dir, files, args.copy_to)
         print(json.dumps({"node": args.node, "files": len(files), "bytes": nbytes, "to": str(args.copy_to)}))
     else:
         summary = node_summary(scene, per_node)

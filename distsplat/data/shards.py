@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -89,10 +89,25 @@ def pack_shards(folder: Union[str, Path], out: Union[str, Path], shard_size_mb: 
     into `out/shard-NNNNN.tar` of at most `shard_size_mb` each (a single larger file gets a
     shard of its own) and writes `out/index.json` (+ its names and table files). Returns the
     index path."""
-    folder, out = Path(folder), Path(out)
+    folder = Path(folder)
     names = _list_files(folder)
     if not names:
         raise DataError(f"{folder}: no files to pack")
+
+    def read(i: int) -> bytes:
+        with open(folder / names[i], "rb") as fh:
+            return fh.read()
+
+    index = write_shards(names, read, out, shard_size_mb)
+    log.info("packed %d files from %s into %s", len(names), folder, out)
+    return index
+
+
+def write_shards(names: Sequence[str], read: Callable[[int], bytes], out: Union[str, Path],
+                 shard_size_mb: float = 256.0) -> Path:
+    """Writes images `names` (sorted), image i's bytes given by `read(i)`, as shards and an
+    index in `out` (pack_shards; scripts/stage_nodes.py re-packs one node's images with it)."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     limit = int(shard_size_mb * 1024 * 1024)
     table = np.zeros((len(names), 3), dtype=np.int64)  # [C, 3] (shard, data offset, length)
@@ -102,8 +117,7 @@ def pack_shards(folder: Union[str, Path], out: Union[str, Path], shard_size_mb: 
     mtime = int(time.time())
     try:
         for i, name in enumerate(names):
-            with open(folder / name, "rb") as fh:
-                data = fh.read()
+            data = read(i)
             if tar is None or (pos > 0 and pos + len(data) + 1024 > limit):
                 if tar is not None:
                     _end_tar(tar, pos)
@@ -125,7 +139,6 @@ def pack_shards(folder: Union[str, Path], out: Union[str, Path], shard_size_mb: 
     index = out / "index.json"
     index.write_text(json.dumps({"format": INDEX_FORMAT, "shards": shards, "count": len(names),
                                  "names": NAMES_FILE, "table": TABLE_FILE}))
-    log.info("packed %d files from %s into %d shards in %s", len(names), folder, len(shards), out)
     return index
 
 
