@@ -141,7 +141,9 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
     cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = steps, [], [], False
     cfg.result_dir, cfg.disable_viewer, cfg.port = str(Path(out_dir) / mode), mode == "off", viewer_port
     cfg.synthetic.num_gaussians, cfg.log_every, cfg.num_workers = n, steps, 1
-    metrics = run(cfg)
+    # The viewer is the CLI's extension (distsplat.app), not part of cli.run: pass it, or no
+    # viewer starts and every mode measures plain training.
+    metrics = run(cfg, extensions=[] if mode == "off" else [live.attach_live_viewer])
     stop.set()
     n_frames = getattr(frames.get("server"), "frames", None)
     loop_s = steps / metrics["steps_per_s"]
@@ -166,7 +168,11 @@ def run_mode(mode: str, W: int, steps: int, n: int) -> dict:
                 driver.quit()
         ranks = [torch.load(Path(out_dir) / f"{mode}_rank{r}.pt") for r in range(W)]
     r0 = ranks[0]
-    return {"mode": mode, "step_ms": 1000.0 / r0["steps_per_s"], "frames": r0["frames"],
+    if mode != "off" and not r0["hook_calls"]:
+        raise RuntimeError(f"mode {mode}: the viewer's hook never ran; the result would measure no viewer")
+    if mode == "client" and not r0["frames"]:
+        raise RuntimeError("mode client: the fake browser got no frame; the result would measure no rendering")
+    return {"hook_calls": r0["hook_calls"], "mode": mode, "step_ms": 1000.0 / r0["steps_per_s"], "frames": r0["frames"],
             "hook_fraction": r0["hook_fraction"],
             "cpu_ms_per_step": 1000.0 * sum(r["cpu_s"] for r in ranks) / steps}
 

@@ -3,10 +3,11 @@
 Follows gsplat's `examples/datasets/colmap.py` where users rely on it: images sorted by
 name; `--data_factor N` reads `images_N/` and scales intrinsics by the actual image size
 over the camera size (per axis); test split from `test.txt`/`train.txt` in `data_dir`, else
-every 8th image (`test_every`). Differences: distorted cameras are refused (with the
-`colmap image_undistorter` command to fix them) instead of undistorted with OpenCV, and
-when `images_N/` is missing, images are downscaled on load (JPEG draft mode) instead of
-written to a new folder.
+every 8th image (`test_every`); distorted cameras are undistorted to pinhole ones on load
+(undistort.py: the new K and size here, on every rank; the pixels by the owning rank only).
+Differences: the fisheye models are undistorted exactly (gsplat approximates), and when
+`images_N/` is missing, images are downscaled on load (JPEG draft mode) instead of written
+to a new folder.
 """
 
 from __future__ import annotations
@@ -24,31 +25,20 @@ from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
 from .sources import FolderSource
+from .undistort import SUPPORTED, split_params, undistort_cameras
 
 log = logging.getLogger(__name__)
 
-# model -> indices of the distortion parameters that must be zero to use it as a pinhole
-DISTORTION = {"SIMPLE_PINHOLE": (), "PINHOLE": (), "SIMPLE_RADIAL": (3,), "RADIAL": (3, 4), "OPENCV": (4, 5, 6, 7)}
-
 
 def intrinsics(cam: colmap_io.Camera, where: Path) -> np.ndarray:
-    """[3, 3] K of a supported camera at its own size; DataError for distorted or unsupported models."""
-    if cam.model not in DISTORTION:
+    """[3, 3] K of a supported camera at its own size (before any undistortion); DataError
+    for the models distsplat cannot undistort."""
+    if cam.model not in SUPPORTED:
         raise DataError(f"{where}: camera {cam.id} uses model {cam.model}, which distsplat does not support "
-                        f"(supported: {', '.join(DISTORTION)}). Undistort the images first: "
-                        f"colmap image_undistorter --image_path IMAGES --input_path sparse/0 --output_path OUT")
-    p = cam.params
-    dist = p[list(DISTORTION[cam.model])]
-    if np.any(dist != 0):
-        raise DataError(f"{where}: camera {cam.id} ({cam.model}) has nonzero distortion {dist.tolist()}; distsplat renders "
-                        f"pinhole cameras only. Undistort first: colmap image_undistorter --image_path IMAGES "
-                        f"--input_path sparse/0 --output_path OUT (then use OUT/images and OUT/sparse)")
-    if cam.model in ("SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL"):
-        fx = fy = p[0]
-        cx, cy = p[1], p[2]
-    else:
-        fx, fy, cx, cy = p[:4]
-    return np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+                        f"(supported: {', '.join(SUPPORTED)}). Undistort the images first: "
+                        f"colmap image_undistorter --image_path IMAGES --input_path sparse/0 --output_path OUT "
+                        f"(then use OUT/images and OUT/sparse)")
+    return split_params(cam.model, cam.params)[0]
 
 
 def find_model(data_dir: Path) -> Path:
@@ -131,6 +121,7 @@ def load_colmap(
     cam_sizes = np.array([(c.width, c.height) for c in cams], dtype=np.float64)
     Ks[:, 0, :] *= (sizes[:, 0] / cam_sizes[:, 0])[:, None]
     Ks[:, 1, :] *= (sizes[:, 1] / cam_sizes[:, 1])[:, None]
+    undistort = undistort_cameras(cams, Ks, sizes, lambda c: f"{cam_file} camera {c.id} ({c.model})")
 
     train, test = _split(data_dir, names, test_every)
     points = model.points.xyz.astype(np.float32)
@@ -143,7 +134,8 @@ def load_colmap(
     return Scene(
         names=names, camtoworlds=camtoworlds, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1],
         points=points, points_rgb=model.points.rgb.copy(), train=train, test=test, images=source,
-        source_sizes=np.array(stored, dtype=np.int64) if on_the_fly else None, transform=transform, kind="colmap",
+        source_sizes=np.array(stored, dtype=np.int64) if on_the_fly or undistort else None, transform=transform,
+        kind="colmap", undistort=undistort,
     )
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import io
 import logging
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -33,6 +33,14 @@ class ImageSpec:
     src_width: int  # size of the stored image; differs when downscaled on the fly
     src_height: int
     background: Optional[Tuple[int, int, int]] = None  # composite RGBA on this RGB
+    # undistort.Undistortion of a distorted camera: the image is decoded at its in_size,
+    # then remapped to (width, height). Shared by the camera's images, not compared.
+    undistort: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def decoded_size(self) -> Tuple[int, int]:
+        """(w, h) the stored image is decoded (and resized) to, before any undistortion."""
+        return tuple(self.undistort.in_size) if self.undistort is not None else (self.width, self.height)
 
     @property
     def nbytes(self) -> int:
@@ -44,21 +52,23 @@ class ImageSpec:
 
 
 def decode_image(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, where: str) -> Image.Image:
-    """Encoded bytes (or an in-memory [H, W, 3] uint8 array) -> RGB PIL image of spec's size.
+    """Encoded bytes (or an in-memory [h, w, 3] uint8 array) -> RGB PIL image of spec's
+    decoded size (its size, unless the camera is undistorted afterwards).
 
     JPEGs that are downscaled on load use Pillow's draft mode (libjpeg's DCT scaling to the
     smallest power-of-two reduction still >= the target), then a bicubic resize."""
+    dw, dh = spec.decoded_size
     if isinstance(data, np.ndarray):
-        if data.shape != spec.shape or data.dtype != np.uint8:
-            raise DataError(f"{where}: in-memory image is {data.shape} {data.dtype}, expected {spec.shape} uint8")
+        if data.shape != (dh, dw, 3) or data.dtype != np.uint8:
+            raise DataError(f"{where}: in-memory image is {data.shape} {data.dtype}, expected {(dh, dw, 3)} uint8")
         return Image.fromarray(data)
     try:
         im = Image.open(io.BytesIO(data))
         if (im.width, im.height) != (spec.src_width, spec.src_height):
             raise DataError(f"{where}: image is {im.width}x{im.height}, expected {spec.src_width}x{spec.src_height}")
-        resize = (spec.width, spec.height) != (im.width, im.height)
+        resize = (dw, dh) != (im.width, im.height)
         if resize and im.format == "JPEG":
-            im.draft("RGB", (spec.width, spec.height))
+            im.draft("RGB", (dw, dh))
         im.load()
     except DataError:
         raise
@@ -70,14 +80,18 @@ def decode_image(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, wh
         im = Image.alpha_composite(bg, im.convert("RGBA"))
     if im.mode != "RGB":
         im = im.convert("RGB")
-    if resize and im.size != (spec.width, spec.height):
-        im = im.resize((spec.width, spec.height), Image.BICUBIC)
+    if resize and im.size != (dw, dh):
+        im = im.resize((dw, dh), Image.BICUBIC)
     return im
 
 
 def decode_into(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, out: np.ndarray, where: str) -> None:
     """Decodes into out [H, W, 3] uint8 (a slot of a cache or of a pinned batch buffer).
-    Pillow keeps RGB as 4 bytes a pixel, so one packing copy into `out` is unavoidable."""
+    Pillow keeps RGB as 4 bytes a pixel, so one packing copy into `out` is unavoidable.
+    A distorted camera's image is undistorted here, on the rank that owns it (undistort.py)."""
+    if spec.undistort is not None:
+        out[...] = spec.undistort(np.asarray(decode_image(data, spec, where)), where)
+        return
     if isinstance(data, np.ndarray):
         if data.shape != spec.shape or data.dtype != np.uint8:
             raise DataError(f"{where}: in-memory image is {data.shape} {data.dtype}, expected {spec.shape} uint8")

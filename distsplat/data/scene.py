@@ -34,11 +34,14 @@ class Scene:
     train: np.ndarray  # [C_train] int64 camera indices
     test: np.ndarray  # [C_test] int64 camera indices
     images: Optional[ImageSource]  # encoded images by camera index; None until a synthetic scene is rendered
-    source_sizes: Optional[np.ndarray] = None  # [C_all, 2] (w, h) of the stored images when they are resized on load
+    source_sizes: Optional[np.ndarray] = None  # [C_all, 2] (w, h) of the stored images when resized or undistorted on load
     background: Optional[Tuple[int, int, int]] = None  # RGB that RGBA images are composited on
     transform: np.ndarray = field(default_factory=lambda: np.eye(4))  # [4, 4] normalised world = transform @ input world
     gaussians: Optional[Dict[str, np.ndarray]] = None  # ground-truth Gaussians of a synthetic scene
     kind: str = "colmap"
+    # [C_all] undistort.Undistortion (shared by a distorted camera's images) or None: Ks,
+    # widths and heights are then already the undistorted pinhole camera's.
+    undistort: Optional[List[object]] = None
 
     def __post_init__(self) -> None:
         C = len(self.names)
@@ -48,6 +51,8 @@ class Scene:
                 raise ValueError(f"Scene.{key} has shape {getattr(self, key).shape}, expected {shape}")
         if self.points.ndim != 2 or self.points.shape[1] != 3 or self.points_rgb.shape != self.points.shape:
             raise ValueError(f"Scene.points {self.points.shape} and points_rgb {self.points_rgb.shape} must both be [P, 3]")
+        if self.undistort is not None and len(self.undistort) != C:
+            raise ValueError(f"Scene.undistort has {len(self.undistort)} entries for {C} cameras")
         if len(set(self.names)) != C:
             raise ValueError("Scene.names has duplicates")
 
@@ -76,7 +81,8 @@ class Scene:
         """How camera `index`'s stored image becomes its [H, W, 3] uint8 training image."""
         w, h = int(self.widths[index]), int(self.heights[index])
         src = (w, h) if self.source_sizes is None else tuple(int(v) for v in self.source_sizes[index])
-        return ImageSpec(self.names[index], w, h, src[0], src[1], self.background)
+        und = self.undistort[index] if self.undistort is not None else None
+        return ImageSpec(self.names[index], w, h, src[0], src[1], self.background, und)
 
     def specs(self, indices: Optional[Sequence[int]] = None) -> Sequence[ImageSpec]:
         """Specs of `indices`; of every camera (None) as a lazy sequence: a rank only ever

@@ -1,4 +1,4 @@
-"""From --data_dir to a `Scene` whose images can be read: COLMAP or Blender folders, or the
+"""From --data_dir to a `Scene` whose images can be read: COLMAP, Blender or nerfstudio folders, or the
 built-in synthetic scene, whose ground-truth images this layer renders (the data layer
 never renders): each rank renders only the images of cameras it owns, when first read."""
 
@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..data import DataError, Scene, load_blender, load_colmap, make_synthetic_scene
+from ..data import DataError, Scene, load_blender, load_colmap, load_nerfstudio, make_synthetic_scene
 from ..data.synthetic import attach_images
 from ..render import rasterize
 from .config import Config
@@ -37,10 +37,13 @@ def load_scene(cfg: Config) -> Scene:
     if (root / "sparse").is_dir():
         return load_colmap(root, factor=cfg.data_factor, normalize=cfg.normalize_world_space,
                            test_every=cfg.test_every, check=not cfg.node_local_data)  # node_data.py checks own images
+    if (root / "transforms.json").is_file():
+        return load_nerfstudio(root, factor=cfg.data_factor, normalize=cfg.normalize_world_space,
+                               test_every=cfg.test_every)
     raise DataError(
-        f"--data_dir {root} is not a scene: expected a COLMAP capture (images/ and sparse/0/) "
-        "or a Blender/NeRF-synthetic folder (transforms_train.json); omit --data_dir to train "
-        "on the built-in synthetic scene"
+        f"--data_dir {root} is not a scene: expected a COLMAP capture (images/ and sparse/0/), "
+        "a Blender/NeRF-synthetic folder (transforms_train.json) or a nerfstudio capture "
+        "(transforms.json); omit --data_dir to train on the built-in synthetic scene"
     )
 
 
@@ -75,7 +78,10 @@ def check_single_size(scene: Scene, indices: Optional[np.ndarray] = None) -> Non
         where = scene.images.where if scene.images is not None else scene.names.__getitem__
         counts = sorted(sizes.items(), key=lambda kv: -len(kv[1]))
         listed = ", ".join(f"{len(c)} at {w}x{h} (e.g. {where(c[0])})" for (w, h), c in counts[:3])
+        undistorted = scene.undistort is not None and any(u is not None for u in scene.undistort)
         raise DataError(
             f"the scene's images have {len(sizes)} different sizes: {listed}; distsplat renders each "
             "batch at one size: resize the images to one size"
+            + (" (distorted cameras are undistorted to pinhole crops of their own size: cameras of different "
+               "models or distortions give different sizes, and mixed sizes are not supported yet)" if undistorted else "")
         )

@@ -34,7 +34,7 @@ from PIL import Image
 
 from distsplat.data import colmap_io, write_blender
 from distsplat.data.synthetic import make_synthetic_scene, splat_points
-from tests.unit.data_helpers import scene_to_model
+from tests.unit.data_helpers import colmap_to_nerfstudio, scene_to_model
 from torchrun_cli import TINY_FLAGS, torchrun
 
 pytestmark = pytest.mark.slow
@@ -296,6 +296,43 @@ def nan_points(b: Bench):
         model.points.xyz[5] = (float("nan"), 0.0, float("inf"))
     edit_model(scene, nan)
     return colmap_args(scene)
+
+
+@case("cameras.bin: camera 1 uses model FOV, which distsplat does not support")
+def unsupported_camera_model(b: Bench):
+    """A model distsplat cannot undistort (issue 16: the distorted ones it can are trained)."""
+    scene = b.colmap()
+
+    def fov(model):
+        model.cameras[1] = colmap_io.Camera(1, "FOV", WIDTH, HEIGHT, np.array([30.0, 30.0, 16.0, 12.0, 0.1]))
+    edit_model(scene, fov)
+    return colmap_args(scene)
+
+
+@case("different sizes")
+def undistorted_to_two_sizes(b: Bench):
+    """A second, fisheye, camera: its images are undistorted to a crop of another size than
+    the pinhole camera's, and one scene trains at one size (mixed sizes are not supported)."""
+    scene = b.colmap()
+
+    def second_camera(model):
+        model.cameras[2] = colmap_io.Camera(2, "OPENCV_FISHEYE", WIDTH, HEIGHT,
+                                            np.array([30.0, 30.0, 16.0, 12.0, 0.01, 0.0, 0.0, 0.0]))
+        for im in list(model.images.values())[::2]:
+            model.images[im.id] = colmap_io.Image(im.id, im.qvec, im.tvec, 2, im.name)
+    edit_model(scene, second_camera)
+    return colmap_args(scene)
+
+
+# --- nerfstudio
+@case("transforms.json: frame 0 has no 'fl_y'")
+def nerfstudio_missing_intrinsic(b: Bench):
+    ns = colmap_to_nerfstudio(b.colmap(), b.tmp / "ns")
+    path = ns / "transforms.json"
+    meta = json.loads(path.read_text())
+    del meta["fl_y"]
+    path.write_text(json.dumps(meta))
+    return ["--data_dir", str(ns), "--data_factor", "1"]
 
 
 # --- Blender

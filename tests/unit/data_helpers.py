@@ -4,6 +4,7 @@ the independent reference every cache mode must match byte for byte."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -15,7 +16,9 @@ from distsplat.data.synthetic import make_synthetic_scene, splat_points
 
 
 def rotmat_to_qvec(R: np.ndarray) -> np.ndarray:
-    """[3, 3] rotation -> (w, x, y, z), for writing COLMAP models."""
+    """[3, 3] rotation -> (w, x, y, z), for writing COLMAP models: the inverse of
+    colmap_io.qvec_to_rotmat (COLMAP's rotmat2qvec, whose `Ryx` is R[0, 1])."""
+    R = R.T
     K = np.array([
         [R[0, 0] - R[1, 1] - R[2, 2], 0, 0, 0],
         [R[1, 0] + R[0, 1], R[1, 1] - R[0, 0] - R[2, 2], 0, 0],
@@ -105,3 +108,113 @@ class CountingSource:
 
     def __getattr__(self, name):
         return getattr(self.source, name)
+
+
+# ------------------------------------------------------------------ distorted captures
+# Images of the synthetic scene's Gaussians as a distorted camera sees them: rendered by a
+# pinhole camera of the same focal length on a canvas that covers every distorted pixel's
+# ray, then sampled through pycolmap's camera model (the independent reference of what a
+# COLMAP camera sees), so undistorting them must give back the pinhole view.
+
+def render_view(scene, index: int, K: np.ndarray, width: int, height: int) -> np.ndarray:
+    """[H, W, 3] float32 in [0, 1]: the scene's ground-truth Gaussians seen by camera
+    `index`'s pose with intrinsics K (torch backend)."""
+    import torch
+
+    from distsplat.render import rasterize
+
+    g = {k: torch.from_numpy(v) for k, v in scene.gaussians.items()}
+    viewmat = torch.from_numpy(np.linalg.inv(scene.camtoworlds[index])).float()[None]
+    with torch.no_grad():
+        colors, _, _ = rasterize(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"], viewmat,
+                                 torch.from_numpy(K).float()[None], width, height, backend="torch")
+    return colors[0].clamp(0, 1).numpy()
+
+
+def distorted_view(scene, index: int, model: str, params, width: int, height: int) -> np.ndarray:
+    """[height, width, 3] uint8: camera `index` seen through COLMAP camera (model, params)."""
+    import pycolmap
+    import torch
+
+    cam = pycolmap.Camera(model=model, width=width, height=height, params=np.asarray(params, dtype=np.float64))
+    gy, gx = np.mgrid[0:height, 0:width] + 0.5
+    rays = cam.cam_from_img(np.stack([gx.ravel(), gy.ravel()], 1))  # [H*W, 2] (x/z, y/z), pixel centres at +0.5
+    f = float(params[0])
+    lo, hi = rays.min(0) * f - 2, rays.max(0) * f + 2  # the canvas, in pixels around the optical axis
+    cw, ch = int(np.ceil(hi[0] - lo[0])), int(np.ceil(hi[1] - lo[1]))
+    K = np.array([[f, 0, -lo[0]], [0, f, -lo[1]], [0, 0, 1.0]])
+    canvas = torch.from_numpy(render_view(scene, index, K, cw, ch)).permute(2, 0, 1)[None]  # [1, 3, ch, cw]
+    px = rays * f - lo  # [H*W, 2] canvas coordinates (pixel centres at +0.5)
+    grid = torch.from_numpy(np.stack([2 * px[:, 0] / cw - 1, 2 * px[:, 1] / ch - 1], 1)).float().view(1, height, width, 2)
+    out = torch.nn.functional.grid_sample(canvas, grid, mode="bilinear", align_corners=False)[0].permute(1, 2, 0)
+    return (out.numpy() * 255).round().astype(np.uint8)
+
+
+def make_distorted_colmap(root: Path, cameras, num_cameras: int = 16, num_gaussians: int = 400, seed: int = 0) -> Path:
+    """root/{sparse/0/*.bin, images/*.png}: the synthetic scene through COLMAP cameras;
+    `cameras` is [(model, params, width, height)], dealt to the images round robin."""
+    scene = make_synthetic_scene(num_cameras=num_cameras, num_gaussians=num_gaussians, seed=seed)
+    model = scene_to_model(scene)
+    model.cameras = {j + 1: colmap_io.Camera(j + 1, m, w, h, np.asarray(p, dtype=np.float64))
+                     for j, (m, p, w, h) in enumerate(cameras)}
+    (root / "images").mkdir(parents=True)
+    for i, name in enumerate(scene.names):
+        cid = i % len(cameras) + 1
+        m, p, w, h = cameras[cid - 1]
+        im = model.images[i + 1]
+        model.images[i + 1] = colmap_io.Image(im.id, im.qvec, im.tvec, cid, name + ".png")
+        Image.fromarray(distorted_view(scene, i, m, p, w, h)).save(root / "images" / f"{name}.png")
+    colmap_io.write_model_bin(model, root / "sparse" / "0")
+    return root
+
+
+def colmap_to_nerfstudio(colmap_root: Path, out: Path, per_frame: bool = False) -> Path:
+    """What `ns-process-data` writes for a COLMAP capture (nerfstudio's colmap_to_json and
+    create_ply_from_colmap): OpenGL camera-to-world poses in a world with y and z swapped
+    and z negated (`applied_transform`), intrinsics and OPENCV / OPENCV_FISHEYE
+    coefficients (globally, or per frame), sparse_pc.ply in the same world, images/."""
+    import shutil
+
+    model = colmap_io.read_model(colmap_root / "sparse" / "0")
+    applied = np.eye(4)[:3][[0, 2, 1]]
+    applied[2] *= -1
+
+    def params(cam):
+        p = cam.params
+        if cam.model == "OPENCV_FISHEYE":
+            return {"camera_model": "OPENCV_FISHEYE", "fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3],
+                    "k1": p[4], "k2": p[5], "k3": p[6], "k4": p[7], "w": cam.width, "h": cam.height}
+        if cam.model == "SIMPLE_RADIAL":
+            return {"camera_model": "OPENCV", "fl_x": p[0], "fl_y": p[0], "cx": p[1], "cy": p[2], "k1": p[3],
+                    "k2": 0.0, "p1": 0.0, "p2": 0.0, "w": cam.width, "h": cam.height}
+        if cam.model == "PINHOLE":
+            return {"camera_model": "PINHOLE", "fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3],
+                    "w": cam.width, "h": cam.height}
+        assert cam.model == "OPENCV", cam.model
+        return {"camera_model": "OPENCV", "fl_x": p[0], "fl_y": p[1], "cx": p[2], "cy": p[3], "k1": p[4],
+                "k2": p[5], "p1": p[6], "p2": p[7], "w": cam.width, "h": cam.height}
+
+    frames = []
+    for im in model.images.values():
+        w2c = np.eye(4)
+        w2c[:3, :3], w2c[:3, 3] = colmap_io.qvec_to_rotmat(im.qvec), im.tvec
+        c2w = np.linalg.inv(w2c)
+        c2w[0:3, 1:3] *= -1
+        c2w = c2w[[0, 2, 1, 3]]
+        c2w[2] *= -1
+        frame = {"file_path": f"images/{im.name}", "transform_matrix": c2w.tolist(), "colmap_im_id": im.id}
+        if per_frame:
+            frame.update({k: float(v) if not isinstance(v, str) else v for k, v in params(model.cameras[im.camera_id]).items()})
+        frames.append(frame)
+    meta = {} if per_frame else {k: float(v) if not isinstance(v, str) else v for k, v in params(model.cameras[1]).items()}
+    meta.update({"frames": frames, "applied_transform": applied.tolist(), "ply_file_path": "sparse_pc.ply"})
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(colmap_root / "images", out / "images")
+    xyz = model.points.xyz @ applied[:, :3].T + applied[:, 3]
+    with open(out / "sparse_pc.ply", "w") as f:
+        f.write(f"ply\nformat ascii 1.0\nelement vertex {len(xyz)}\nproperty float x\nproperty float y\n"
+                "property float z\nproperty uint8 red\nproperty uint8 green\nproperty uint8 blue\nend_header\n")
+        for (x, y, z), (r, g, b) in zip(xyz, model.points.rgb):
+            f.write(f"{x:8f} {y:8f} {z:8f} {r} {g} {b}\n")
+    (out / "transforms.json").write_text(json.dumps(meta, indent=2))
+    return out

@@ -165,11 +165,10 @@ def test_undistorted_models_accepted(tmp_path, model, params):
 
 
 @pytest.mark.parametrize("model,params", [
-    ("SIMPLE_RADIAL", [50.0, 32.0, 24.0, 0.01]),
-    ("RADIAL", [50.0, 32.0, 24.0, 0.0, -0.02]),
-    ("OPENCV", [50.0, 51.0, 32.0, 24.0, 0.1, 0.0, 0.0, 0.0]),
+    ("FOV", [50.0, 51.0, 32.0, 24.0, 0.1]),
+    ("THIN_PRISM_FISHEYE", [50.0, 51.0, 32.0, 24.0] + [0.01] * 8),
 ])
-def test_distorted_models_refused_with_how_to(tmp_path, model, params):
+def test_unsupported_models_refused_with_how_to(tmp_path, model, params):
     root = make_colmap_dataset(tmp_path / "d", num_cameras=3)
     from distsplat.data.synthetic import make_synthetic_scene
 

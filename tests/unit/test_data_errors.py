@@ -99,9 +99,9 @@ def test_images_bin_names_unknown_camera(dataset):
 
 def test_unsupported_camera_model(dataset):
     model = colmap_io.read_model(dataset / "sparse" / "0")
-    model.cameras[1] = colmap_io.Camera(1, "OPENCV_FISHEYE", 64, 48, np.array([50.0, 50, 32, 24, 0, 0, 0, 0]))
+    model.cameras[1] = colmap_io.Camera(1, "FOV", 64, 48, np.array([50.0, 50, 32, 24, 0.1]))
     colmap_io.write_model_bin(model, dataset / "sparse" / "0")
-    with pytest.raises(DataError, match="cameras.bin: camera 1 uses model OPENCV_FISHEYE, which distsplat does not support"):
+    with pytest.raises(DataError, match="cameras.bin: camera 1 uses model FOV, which distsplat does not support"):
         load_colmap(dataset)
 
 

@@ -1,0 +1,283 @@
+"""nerfstudio parser: the `transforms.json` that `ns-process-data` writes -> `Scene`, so
+nerfstudio users bring their processed captures as they are.
+
+What is read (nerfstudio's `nerfstudio_dataparser.py` is the reference for the meaning):
+- intrinsics `fl_x, fl_y, cx, cy, w, h`, global or per frame (a frame's own keys win);
+- `camera_model`: PINHOLE/SIMPLE_PINHOLE, OPENCV (`k1, k2, k3, p1, p2`; default when the
+  key is missing, with zero coefficients a pinhole) or OPENCV_FISHEYE (`k1..k4`); distorted
+  cameras are undistorted on load to pinhole crops (undistort.py), as COLMAP's are;
+- frames' `file_path` (relative to the folder) and `transform_matrix` (camera-to-world,
+  OpenGL axes: y up, z backward), sorted by file name as nerfstudio sorts them;
+- `applied_transform` ([3, 4], the world rotation ns-process-data applied to COLMAP's
+  world): undone, so the scene's world (and exported PLYs) is COLMAP's original one and a
+  capture trains the same from its COLMAP model or its transforms.json;
+- `ply_file_path`: the initial points (ascii or binary PLY with x, y, z and optional
+  red, green, blue), in the same world as the frames;
+- `--data_factor N`: `images_N/<name>` (nerfstudio's downscale folders), else `images/`
+  downscaled on load; intrinsics scaled by the actual image size over `w`, `h`;
+- split: `test_filenames` (or `val_filenames`) when listed, else every `test_every`-th
+  image like the COLMAP parser (gsplat's split; nerfstudio's own default is a 90% fraction).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple, Union
+
+import numpy as np
+
+from .colmap import _match_name
+from .colmap_io import Camera
+from .decode import check_sizes, downscaled_size, probe_images
+from .errors import DataError
+from .normalize import normalize as normalize_world
+from .scene import Scene, split_every
+from .sources import FolderSource
+from .undistort import undistort_cameras
+
+log = logging.getLogger(__name__)
+
+GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])  # flips a camera's y and z axes
+INTRINSICS = ("fl_x", "fl_y", "cx", "cy", "w", "h")
+MODELS = ("OPENCV", "OPENCV_FISHEYE", "PINHOLE", "SIMPLE_PINHOLE")
+
+
+def _number(path: Path, where: str, key: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}: {where} '{key}' is {value!r}, not a number") from None
+    if not np.isfinite(v):
+        raise DataError(f"{path}: {where} '{key}' is {v}, not a finite number")
+    return v
+
+
+def _camera(path: Path, meta: dict, frame: dict, j: int) -> Tuple[str, np.ndarray, Tuple[int, int]]:
+    """(COLMAP model name, COLMAP params, (w, h)) of frame j: its own keys, else the file's."""
+    def get(key, default=None):
+        if key in frame:
+            return _number(path, f"frame {j}", key, frame[key])
+        if key in meta:
+            return _number(path, "the file's", key, meta[key])
+        if default is None:
+            raise DataError(f"{path}: frame {j} has no '{key}' and the file sets none (nerfstudio's intrinsics "
+                            f"{', '.join(INTRINSICS)} are needed, globally or per frame)")
+        return default
+
+    fx, fy, cx, cy = (get(k) for k in INTRINSICS[:4])
+    w, h = get("w"), get("h")
+    if fx <= 0 or fy <= 0 or w < 1 or h < 1 or w != int(w) or h != int(h):
+        raise DataError(f"{path}: frame {j} has fl_x {fx}, fl_y {fy}, w {w}, h {h}: focal lengths must be > 0 "
+                        "and w, h whole numbers of pixels")
+    model = str(frame.get("camera_model", meta.get("camera_model", "OPENCV")))
+    if model not in MODELS:
+        raise DataError(f"{path}: frame {j} 'camera_model' is {model!r}; distsplat reads {', '.join(MODELS)} "
+                        "(re-run ns-process-data with --camera-type perspective or fisheye)")
+    k1, k2, k3, k4, p1, p2 = (get(k, 0.0) for k in ("k1", "k2", "k3", "k4", "p1", "p2"))
+    if model == "OPENCV_FISHEYE":
+        if p1 or p2:
+            raise DataError(f"{path}: frame {j} is OPENCV_FISHEYE with tangential 'p1'/'p2' ({p1}, {p2}), which "
+                            "the fisheye model does not have; remove them")
+        return "OPENCV_FISHEYE", np.array([fx, fy, cx, cy, k1, k2, k3, k4]), (int(w), int(h))
+    if model in ("PINHOLE", "SIMPLE_PINHOLE"):
+        return "PINHOLE", np.array([fx, fy, cx, cy]), (int(w), int(h))
+    if k4:
+        raise DataError(f"{path}: frame {j} is OPENCV with 'k4' {k4}, which OpenCV's 5-coefficient model "
+                        "(k1, k2, p1, p2, k3) has not; remove it or use OPENCV_FISHEYE if the lens is a fisheye")
+    if k3:  # OpenCV's 8-coefficient (rational) form with the denominator terms zero
+        return "FULL_OPENCV", np.array([fx, fy, cx, cy, k1, k2, p1, p2, k3, 0.0, 0.0, 0.0]), (int(w), int(h))
+    return "OPENCV", np.array([fx, fy, cx, cy, k1, k2, p1, p2]), (int(w), int(h))
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}; fix or re-export the file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
+        raise DataError(f"{path}: expected an object with a non-empty 'frames' list (nerfstudio's transforms.json: "
+                        "{\"fl_x\": ..., \"frames\": [{\"file_path\": ..., \"transform_matrix\": ...}, ...]})")
+    return meta
+
+
+def _matrix(path: Path, key: str, value, shapes: Sequence[Tuple[int, int]], where: str) -> np.ndarray:
+    try:
+        M = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}: {where} '{key}' must be a numeric matrix") from None
+    if M.shape not in shapes:
+        raise DataError(f"{path}: {where} '{key}' must be {' or '.join(f'{a}x{b}' for a, b in shapes)}, got shape {M.shape}")
+    if not np.all(np.isfinite(M)):
+        r, c = np.argwhere(~np.isfinite(M))[0]
+        raise DataError(f"{path}: {where} '{key}'[{r}][{c}] is {M[r, c]}, not a finite number; fix or remove it")
+    if M.shape[0] == 3:
+        M = np.vstack([M, [0.0, 0.0, 0.0, 1.0]])
+    return M
+
+
+def load_nerfstudio(
+    data_dir: Union[str, Path],
+    factor: int = 1,
+    normalize: bool = False,
+    test_every: int = 8,
+    check: bool = True,
+) -> Scene:
+    """Parses `data_dir/transforms.json` (module docstring). `check=True` reads every
+    image's header here, so bad images fail now on every rank."""
+    data_dir = Path(data_dir)
+    path = data_dir / "transforms.json"
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1, got {factor}")
+    meta = _read_meta(path)
+    frames = []
+    for j, frame in enumerate(meta["frames"]):
+        if not isinstance(frame, dict) or "file_path" not in frame or "transform_matrix" not in frame:
+            raise DataError(f"{path}: frame {j} needs 'file_path' and 'transform_matrix'")
+        frames.append((str(frame["file_path"]), j, frame))
+    frames.sort(key=lambda f: f[0])  # nerfstudio sorts frames by file name
+    names = [Path(f[0][2:] if f[0].startswith("./") else f[0]).as_posix() for f in frames]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DataError(f"{path}: file_path {dup!r} appears in more than one frame")
+
+    applied = np.eye(4)
+    if "applied_transform" in meta:
+        applied = _matrix(path, "applied_transform", meta["applied_transform"], [(3, 4), (4, 4)], "the file's")
+    to_input = np.linalg.inv(applied)  # nerfstudio's world -> the capture's original (COLMAP) world
+    c2w = np.stack([to_input @ _matrix(path, "transform_matrix", f["transform_matrix"], [(4, 4), (3, 4)], f"frame {j}")
+                    @ GL_TO_CV for _, j, f in frames])  # [C, 4, 4] OpenCV axes
+
+    # One camera per distinct (model, params, size): images of one camera share its undistortion maps.
+    cams: List[Camera] = []
+    ids: Dict[tuple, int] = {}
+    for _, j, frame in frames:
+        model, params, (w, h) = _camera(path, meta, frame, j)
+        key = (model, tuple(params.tolist()), w, h)
+        if key not in ids:
+            ids[key] = len(ids) + 1
+        cams.append(Camera(ids[key], model, w, h, params))
+
+    full_dir = data_dir / "images"
+    scaled_dir = data_dir / f"images_{factor}"
+    on_the_fly = factor > 1 and not scaled_dir.is_dir()
+    if factor > 1 and not on_the_fly:
+        paths = [scaled_dir / _match_name(scaled_dir, Path(n).name) for n in names]  # nerfstudio: images_N/<file name>
+    else:
+        if on_the_fly:
+            log.warning("%s does not exist: downscaling the frames' images by %d while loading (JPEG draft mode); "
+                        "ns-process-data's images_%d/ loads faster", scaled_dir, factor, factor)
+        paths = [data_dir / n for n in names]
+    source = FolderSource(paths, names)
+    source.check_exist()
+    stored = probe_images(source, range(len(names)) if check else [0])
+    if not check:
+        stored = stored * len(names)
+    check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
+    loaded = [downscaled_size(w, h, factor) for w, h in stored] if on_the_fly else stored
+
+    sizes = np.array(loaded, dtype=np.int64)  # [C, 2] (w, h)
+    Ks = np.stack([np.array([[c.params[0], 0, c.params[2]], [0, c.params[1], c.params[3]], [0, 0, 1.0]]) for c in cams])
+    cam_sizes = np.array([(c.width, c.height) for c in cams], dtype=np.float64)
+    Ks[:, 0, :] *= (sizes[:, 0] / cam_sizes[:, 0])[:, None]
+    Ks[:, 1, :] *= (sizes[:, 1] / cam_sizes[:, 1])[:, None]
+    undistort = undistort_cameras(cams, Ks, sizes, lambda c: f"{path} camera_model {c.model} ({c.width}x{c.height})")
+
+    points, rgb = _points(data_dir, meta, path)
+    if len(points):
+        points = (points.astype(np.float64) @ to_input[:3, :3].T + to_input[:3, 3]).astype(np.float32)
+    train, test = _split(path, meta, names, test_every)
+    transform = np.eye(4)
+    if normalize:
+        c2w, points, transform = normalize_world(c2w, points)
+    log.info("nerfstudio %s: %d frames, %d cameras, %d points, %d train / %d test, images from %s%s", data_dir,
+             len(names), len(ids), len(points), len(train), len(test), paths[0].parent,
+             f" downscaled by {factor} on load" if on_the_fly else "")
+    return Scene(
+        names=names, camtoworlds=c2w, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1], points=points,
+        points_rgb=rgb, train=train, test=test, images=source,
+        source_sizes=np.array(stored, dtype=np.int64) if on_the_fly or undistort else None,
+        transform=transform, kind="nerfstudio", undistort=undistort,
+    )
+
+
+def _split(path: Path, meta: dict, names: List[str], test_every: int):
+    for key in ("test_filenames", "val_filenames"):
+        if key in meta:
+            pos = {n: i for i, n in enumerate(names)}
+            listed = [str(n)[2:] if str(n).startswith("./") else str(n) for n in meta[key]]
+            unknown = [n for n in listed if n not in pos]
+            if unknown:
+                raise DataError(f"{path}: '{key}' lists {unknown[:3]}, which are no frame's file_path")
+            test = np.array(sorted(pos[n] for n in listed), dtype=np.int64)
+            return np.setdiff1d(np.arange(len(names)), test), test
+    return split_every(names, test_every)
+
+
+PLY_TYPES = {"float": "f4", "float32": "f4", "double": "f8", "float64": "f8", "uchar": "u1", "uint8": "u1",
+             "char": "i1", "int8": "i1", "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
+             "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4"}
+
+
+def _points(data_dir: Path, meta: dict, path: Path) -> Tuple[np.ndarray, np.ndarray]:
+    """([P, 3] float32, [P, 3] uint8) from `ply_file_path`, or empty when the key is absent."""
+    if "ply_file_path" not in meta:
+        log.info("%s has no 'ply_file_path': no initial points (use --init_type random)", path)
+        return np.zeros((0, 3), np.float32), np.zeros((0, 3), np.uint8)
+    ply = data_dir / str(meta["ply_file_path"])
+    if not ply.is_file():
+        raise DataError(f"{path}: 'ply_file_path' {ply} does not exist; restore it or remove the key "
+                        "(then train with --init_type random)")
+    return read_ply_points(ply)
+
+
+def read_ply_points(ply: Path) -> Tuple[np.ndarray, np.ndarray]:
+    """x, y, z (and red, green, blue if present, else grey) of a PLY's vertex element;
+    ascii or binary little/big endian, no list properties in the vertex element."""
+    data = ply.read_bytes()
+    end = data.find(b"end_header")
+    if not data.startswith(b"ply") or end < 0:
+        raise DataError(f"{ply}: not a PLY file (no 'ply' magic or no 'end_header')")
+    body = data[data.index(b"\n", end) + 1:]
+    fmt, count, props, element = None, 0, [], None
+    for line in data[:end].decode("ascii", "replace").splitlines():
+        parts = line.split()
+        if parts[:1] == ["format"] and len(parts) > 1:
+            fmt = parts[1]
+        elif parts[:1] == ["element"] and len(parts) == 3:
+            element = parts[1]
+            if element == "vertex":
+                count = int(parts[2])
+            elif count == 0:
+                raise DataError(f"{ply}: element {element!r} comes before 'vertex'; distsplat reads the vertex element first")
+        elif parts[:1] == ["property"] and element == "vertex":
+            if parts[1] == "list" or parts[1] not in PLY_TYPES:
+                raise DataError(f"{ply}: vertex property {' '.join(parts[1:])!r} is not a scalar PLY type")
+            props.append((parts[2], PLY_TYPES[parts[1]]))
+    names = [p for p, _ in props]
+    if not {"x", "y", "z"} <= set(names):
+        raise DataError(f"{ply}: the vertex element needs x, y, z properties (has {names})")
+    try:
+        if fmt == "ascii":
+            rows = body.decode("ascii").split("\n")[:count]
+            table = np.array([r.split()[: len(props)] for r in rows], dtype=np.float64).reshape(count, len(props))
+            col = {p: table[:, i] for i, p in enumerate(names)}
+        elif fmt in ("binary_little_endian", "binary_big_endian"):
+            order = "<" if fmt == "binary_little_endian" else ">"
+            rec = np.frombuffer(body, dtype=np.dtype([(p, order + t) for p, t in props]), count=count)
+            col = {p: rec[p].astype(np.float64) for p in names}
+        else:
+            raise DataError(f"{ply}: PLY format {fmt!r} is not ascii or binary")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{ply}: vertex data do not match the header ({type(e).__name__}: {e}); re-export the file") from None
+    xyz = np.stack([col["x"], col["y"], col["z"]], 1)
+    if not np.isfinite(xyz).all():
+        raise DataError(f"{ply}: {int((~np.isfinite(xyz).all(1)).sum())} points have non-finite coordinates")
+    if {"red", "green", "blue"} <= set(names):
+        rgb = np.clip(np.stack([col["red"], col["green"], col["blue"]], 1), 0, 255).astype(np.uint8)
+    else:
+        rgb = np.full((count, 3), 128, np.uint8)
+    return xyz.astype(np.float32), rgb
