@@ -29,6 +29,7 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Sequence as SequenceABC
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -222,7 +223,8 @@ class ImageCache:
             raise ValueError(f"cache mode must be one of {CACHE_MODES}, got {mode!r}")
         if len(specs) != len(source):
             raise ValueError(f"{len(specs)} specs for {len(source)} images")
-        self.source, self.specs = source, list(specs)
+        # A Sequence is kept as given (Scene.specs() is lazy: no C_all spec objects per rank).
+        self.source, self.specs = source, (specs if isinstance(specs, SequenceABC) else list(specs))
         self.own = sorted(set(int(c) for c in own_cameras))
         bad = [c for c in self.own if not 0 <= c < len(specs)]
         if bad:

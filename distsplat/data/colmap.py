@@ -13,8 +13,9 @@ to a new folder.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -62,7 +63,9 @@ def load_colmap(
     check: bool = True,
 ) -> Scene:
     """Parses a COLMAP capture. `check=True` reads every image's header (size, truncation)
-    here, so bad images fail now on every rank rather than mid-training on one."""
+    here, so bad images fail now on every rank rather than mid-training on one; `check=False`
+    touches only one image per COLMAP camera (node-local staging: the caller checks the
+    images a rank owns, train/node_data.py)."""
     data_dir = Path(data_dir)
     if factor < 1:
         raise ValueError(f"factor must be >= 1, got {factor}")
@@ -75,9 +78,8 @@ def load_colmap(
     names = [im.name for im in images]
     _check_finite(model_dir, images, model.points)
     w2c = np.tile(np.eye(4), (len(images), 1, 1))  # [C, 4, 4]
-    for i, im in enumerate(images):
-        w2c[i, :3, :3] = colmap_io.qvec_to_rotmat(im.qvec)
-        w2c[i, :3, 3] = im.tvec
+    w2c[:, :3, :3] = _rotmats(np.array([im.qvec for im in images]).reshape(-1, 4))  # one numpy op, not C
+    w2c[:, :3, 3] = np.array([im.tvec for im in images]).reshape(-1, 3)
     camtoworlds = np.linalg.inv(w2c)
     cams = [model.cameras[im.camera_id] for im in images]
 
@@ -91,17 +93,25 @@ def load_colmap(
         image_dir = full_dir
     if not image_dir.is_dir():
         raise DataError(_no_image_folder(data_dir, factor))
-    source = FolderSource([image_dir / _match_name(image_dir, n) for n in names], names)
-    source.check_exist()
+    listings: Dict[str, tuple] = {}
+    folder = str(image_dir)
+    source = FolderSource([os.path.join(folder, _match_name(folder, n, listings)) for n in names], names)
+    if check:
+        source.check_exist()
 
-    # Sizes: every image's header when checking, else the first image of each camera (gsplat).
+    # Sizes: every image's header when checking, else the first image of each camera (gsplat)
+    # found here: with images staged per node (check=False) a node holds only its own.
     if check:
         stored = probe_images(source, range(len(names)))
     else:
         first = {}
         for i, im in enumerate(images):
-            if im.camera_id not in first:
+            if im.camera_id not in first and os.path.isfile(source.paths[i]):
                 first[im.camera_id] = probe_images(source, [i])[0]
+        missing = sorted({im.camera_id for im in images} - set(first))
+        if missing:
+            raise DataError(f"{image_dir}: no image of COLMAP camera {missing[0]} is present here, so its image "
+                            "size is unknown; stage at least one of its images on this node")
         stored = [first[im.camera_id] for im in images]
     check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
     loaded = [downscaled_size(w, h, factor) for w, h in stored] if on_the_fly else stored
@@ -152,6 +162,17 @@ def _no_image_folder(data_dir: Path, factor: int) -> str:
     return f"{msg}; put the capture's images in {full.name}/" + (f" (or pre-downscaled ones in {scaled.name}/)" if factor > 1 else "")
 
 
+def _rotmats(q: np.ndarray) -> np.ndarray:
+    """[C, 4] (w, x, y, z) quaternions -> [C, 3, 3] rotations: colmap_io.qvec_to_rotmat for
+    all cameras at once (a Python loop over a million cameras costs a minute)."""
+    w, x, y, z = (q / np.linalg.norm(q, axis=1, keepdims=True)).T
+    return np.stack([
+        np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+        np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+        np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
+    ], 1)
+
+
 def _check_finite(model_dir: Path, images: Sequence[colmap_io.Image], points: colmap_io.Points) -> None:
     """NaN or Inf in a pose or a point would surface much later as a NaN loss or a failed
     normalization; refuse them here, naming the file and the image or point."""
@@ -159,7 +180,10 @@ def _check_finite(model_dir: Path, images: Sequence[colmap_io.Image], points: co
         return next((model_dir / f"{stem}{ext}" for ext in (".bin", ".txt") if (model_dir / f"{stem}{ext}").exists()),
                     model_dir / f"{stem}.bin")
 
-    for im in images:
+    q = np.array([im.qvec for im in images]).reshape(-1, 4)  # [C, 4]
+    t = np.array([im.tvec for im in images]).reshape(-1, 3)  # [C, 3]
+    suspects = np.flatnonzero(~(np.isfinite(q).all(1) & np.isfinite(t).all(1)) | ~(np.linalg.norm(q, axis=1) > 0))
+    for im in (images[i] for i in suspects[:1]):  # the first bad one, named as before
         if not (np.isfinite(im.qvec).all() and np.isfinite(im.tvec).all()):
             raise DataError(f"{model_file('images')}: image {im.name!r} has a non-finite pose (qvec {im.qvec.tolist()}, "
                             f"tvec {im.tvec.tolist()}); the reconstruction is damaged: re-export or re-run it")
@@ -173,13 +197,28 @@ def _check_finite(model_dir: Path, images: Sequence[colmap_io.Image], points: co
                         "is damaged: re-export or re-run it")
 
 
-def _match_name(image_dir: Path, name: str) -> str:
-    """images_N/ may hold PNGs for JPEG originals (gsplat writes them so): same stem, any extension."""
-    if (image_dir / name).exists():
+def _match_name(image_dir: str, name: str, listings: Optional[Dict[str, tuple]] = None) -> str:
+    """images_N/ may hold PNGs for JPEG originals (gsplat writes them so): same stem, any extension.
+    `listings` caches each folder's entries (one listing per folder, not a stat and a glob per
+    image: a million-image capture, or a node that holds only its staged images); str paths,
+    no pathlib, for the same reason."""
+    listings = {} if listings is None else listings
+    parent, base = os.path.split(name)
+    folder = os.path.join(image_dir, parent)
+    if folder not in listings:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            entries = []
+        stems: Dict[str, List[str]] = {}
+        for e in entries:
+            stems.setdefault(os.path.splitext(e)[0], []).append(e)
+        listings[folder] = (set(entries), stems)
+    files, stems = listings[folder]
+    if base in files:
         return name
-    stem = Path(name).with_suffix("")
-    matches = sorted(image_dir.glob(f"{stem}.*")) if "*" not in name and "?" not in name else []
-    return str(Path(name).parent / matches[0].name) if len(matches) == 1 else name
+    matches = stems.get(os.path.splitext(base)[0], []) if "*" not in name and "?" not in name else []
+    return os.path.join(parent, matches[0]) if len(matches) == 1 else name
 
 
 def _split(data_dir: Path, names: Sequence[str], test_every: int):

@@ -87,13 +87,33 @@ class Scene:
         und = self.undistort[index] if self.undistort is not None else None
         return ImageSpec(self.names[index], w, h, src[0], src[1], self.background, und)
 
-    def specs(self, indices: Optional[Sequence[int]] = None) -> List[ImageSpec]:
-        indices = range(self.num_cameras) if indices is None else indices
+    def specs(self, indices: Optional[Sequence[int]] = None) -> Sequence[ImageSpec]:
+        """Specs of `indices`; of every camera (None) as a lazy sequence: a rank only ever
+        asks for its own cameras', and a million ImageSpec objects cost ~150 MB per rank."""
+        if indices is None:
+            return _LazySpecs(self)
         return [self.spec(i) for i in indices]
 
     def decoded_nbytes(self, indices: Optional[Sequence[int]] = None) -> int:
         idx = np.arange(self.num_cameras) if indices is None else np.asarray(indices, dtype=np.int64)
         return int((self.widths[idx] * self.heights[idx] * 3).sum())
+
+
+class _LazySpecs(Sequence):
+    """scene.spec(i) on access (issue 20: million-image captures)."""
+
+    def __init__(self, scene: "Scene"):
+        self._scene = scene
+
+    def __len__(self) -> int:
+        return self._scene.num_cameras
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._scene.spec(j) for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self._scene.spec(i % len(self))
 
 
 def split_every(names: Sequence[str], test_every: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -14,53 +14,174 @@ import logging
 import os
 import tarfile
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from .errors import DataError
 from .sources import ImageSource
 
 log = logging.getLogger(__name__)
 
-INDEX_FORMAT = "distsplat-shards/1"
+INDEX_FORMAT = "distsplat-shards/2"
+# Format 1 (still read): every image in index.json as {"name": [shard, offset, length]}. At a
+# million images that is a 45 MB JSON whose parse costs each rank seconds and ~300 MB of
+# Python objects; format 2 keeps the names (sorted, one a line) and a [C, 3] int64 table
+# beside a small index.json, loaded as arrays.
+NAMES_FILE, TABLE_FILE = "index-names.txt", "index-table.npy"
+
+
+def _list_files(folder: Path) -> List[str]:
+    """Every file under `folder` as a '/'-separated path relative to it, sorted. os.walk
+    (scandir's file types) instead of rglob + is_file: no stat and no Path per file."""
+    out = []
+    for dirpath, _dirs, files in os.walk(folder):
+        rel = os.path.relpath(dirpath, folder)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        out.extend(prefix + f for f in files)
+    out.sort()
+    return out
+
+
+def _header(name: str, size: int, mtime: int) -> bytes:
+    """The tar header block(s) of a regular file, as tarfile writes them: a ustar block
+    built here for short ASCII names (tarfile's TarInfo.tobuf costs more than the file's
+    read and write at 64x48 JPEGs), tarfile's PAX headers for anything else."""
+    raw = name.encode("ascii", "replace")
+    if len(raw) > 100 or not name.isascii():
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, mtime, 0o644
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    block = bytearray(_USTAR)
+    block[0:len(raw)] = raw
+    block[124:136] = b"%011o\0" % size
+    block[136:148] = b"%011o\0" % mtime
+    block[148:156] = b"%06o\0 " % sum(block)  # checksum over the block with its field as spaces
+    return bytes(block)
+
+
+def _ustar_template() -> bytes:
+    b = bytearray(tarfile.BLOCKSIZE)
+    b[100:108] = b"0000644\0"  # mode
+    b[108:116] = b"0000000\0"  # uid
+    b[116:124] = b"0000000\0"  # gid
+    b[148:156] = b" " * 8  # checksum field counts as spaces
+    b[156:157] = tarfile.REGTYPE
+    b[257:265] = tarfile.POSIX_MAGIC  # b"ustar\x0000"
+    return bytes(b)
+
+
+_USTAR = _ustar_template()
+
+
+def _end_tar(fh, pos: int) -> None:
+    """Two zero blocks, then zeros to a whole record, as tarfile closes an archive."""
+    end = pos + 2 * tarfile.BLOCKSIZE
+    fh.write(b"\0" * (2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE)))
+    fh.close()
 
 
 def pack_shards(folder: Union[str, Path], out: Union[str, Path], shard_size_mb: float = 256.0) -> Path:
     """Packs every file under `folder` (names: paths relative to it, '/'-separated, sorted)
     into `out/shard-NNNNN.tar` of at most `shard_size_mb` each (a single larger file gets a
-    shard of its own) and writes `out/index.json`. Returns the index path."""
-    folder, out = Path(folder), Path(out)
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
-    if not files:
+    shard of its own) and writes `out/index.json` (+ its names and table files). Returns the
+    index path."""
+    folder = Path(folder)
+    names = _list_files(folder)
+    if not names:
         raise DataError(f"{folder}: no files to pack")
+
+    def read(i: int) -> bytes:
+        with open(folder / names[i], "rb") as fh:
+            return fh.read()
+
+    index = write_shards(names, read, out, shard_size_mb)
+    log.info("packed %d files from %s into %s", len(names), folder, out)
+    return index
+
+
+def write_shards(names: Sequence[str], read: Callable[[int], bytes], out: Union[str, Path],
+                 shard_size_mb: float = 256.0) -> Path:
+    """Writes images `names` (sorted), image i's bytes given by `read(i)`, as shards and an
+    index in `out` (pack_shards; scripts/stage_nodes.py re-packs one node's images with it)."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     limit = int(shard_size_mb * 1024 * 1024)
-    groups: List[List[Path]] = [[]]
-    size = 0
-    for p in files:
-        n = p.stat().st_size + 1024  # + header and padding, roughly
-        if groups[-1] and size + n > limit:
-            groups.append([])
-            size = 0
-        groups[-1].append(p)
-        size += n
-    shards, images = [], {}
-    for s, group in enumerate(groups):
-        shard = out / f"shard-{s:05d}.tar"
-        with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:
-            for p in group:
-                tar.add(p, arcname=p.relative_to(folder).as_posix(), recursive=False)
-        # Offsets come from reading the headers back once, at pack time, so the reader
-        # never has to parse tar (PAX headers for long names shift the data).
-        with tarfile.open(shard, "r") as tar:
-            for m in tar.getmembers():
-                images[m.name] = [s, m.offset_data, m.size]
-        shards.append({"file": shard.name, "bytes": shard.stat().st_size})
+    table = np.zeros((len(names), 3), dtype=np.int64)  # [C, 3] (shard, data offset, length)
+    shards: List[dict] = []
+    tar = None
+    pos = 0  # bytes written to the current shard
+    mtime = int(time.time())
+    try:
+        for i, name in enumerate(names):
+            data = read(i)
+            if tar is None or (pos > 0 and pos + len(data) + 1024 > limit):
+                if tar is not None:
+                    _end_tar(tar, pos)
+                    shards.append({"file": f"shard-{len(shards):05d}.tar"})
+                tar, pos = open(out / f"shard-{len(shards):05d}.tar", "wb"), 0
+            header = _header(name, len(data), mtime)
+            pad = -len(data) % tarfile.BLOCKSIZE
+            tar.write(header + data + b"\0" * pad)
+            table[i] = (len(shards), pos + len(header), len(data))
+            pos += len(header) + len(data) + pad
+    finally:
+        if tar is not None:
+            _end_tar(tar, pos)
+    shards.append({"file": f"shard-{len(shards):05d}.tar"})
+    for sh in shards:
+        sh["bytes"] = (out / sh["file"]).stat().st_size
+    (out / NAMES_FILE).write_text("\n".join(names) + "\n", encoding="utf-8")
+    np.save(out / TABLE_FILE, table)
     index = out / "index.json"
-    index.write_text(json.dumps({"format": INDEX_FORMAT, "shards": shards, "images": images}))
-    log.info("packed %d files from %s into %d shards in %s", len(images), folder, len(shards), out)
+    index.write_text(json.dumps({"format": INDEX_FORMAT, "shards": shards, "count": len(names),
+                                 "names": NAMES_FILE, "table": TABLE_FILE}))
     return index
+
+
+def _read_index(index_path: Path) -> Tuple[List[Path], np.ndarray, np.ndarray, np.ndarray]:
+    """(shard paths [S], their sizes as listed [S] int64, names [C] bytes sorted, table [C, 3]
+    int64) of either index format. A damaged or hand-edited index raises DataError, never
+    another exception, and allocates no more than its files justify."""
+    root = index_path.parent
+    try:
+        index = json.loads(index_path.read_text())
+        shards = index["shards"]
+        if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
+                                                   for s in shards):
+            raise TypeError("'shards' must be a list of {\"file\": name, \"bytes\": size}")
+        paths = [root / s["file"] for s in shards]
+        no_size = np.iinfo(np.int64).max  # format 1 lists no sizes: the files are checked instead
+        sizes = np.array([int(s.get("bytes", no_size)) for s in shards], dtype=np.int64)  # [S]
+        if index.get("format") == INDEX_FORMAT:
+            blob = (root / str(index["names"])).read_bytes()
+            raw = blob.split(b"\n")[:-1]
+            # Names are stored fixed-width (the longest): refuse a file whose one long name would
+            # make that table far larger than the file (real captures' names have similar lengths).
+            if raw and max(map(len, raw)) * len(raw) > 16 * len(blob) + (1 << 20):
+                raise ValueError("one image name is far longer than the others")
+            table = np.load(root / str(index["table"]), mmap_mode="r", allow_pickle=False)  # no read past the file
+        else:  # format 1: the whole table in the JSON
+            items = sorted(index["images"].items())
+            raw = [k.encode("utf-8") for k, _ in items]
+            table = np.array([v for _, v in items], dtype=np.int64).reshape(-1, 3)
+        names = np.array(raw, dtype=bytes)  # [C] fixed-width bytes: ~name length per image, no objects
+        for n in raw[:1] + raw[-1:]:
+            n.decode("utf-8")
+    except FileNotFoundError as e:
+        raise DataError(f"shard index {index_path} (or its {Path(e.filename).name}) does not exist") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, UnicodeError,
+            OSError) as e:  # RecursionError: JSON nested past Python's limit
+        raise DataError(f"{index_path}: malformed shard index ({type(e).__name__}: {e}); "
+                        "re-run scripts/pack_shards.py") from None
+    if (table.shape != (len(names), 3) or table.dtype.kind not in "iu"
+            or (len(names) > 1 and not (names[1:] > names[:-1]).all())):
+        raise DataError(f"{index_path}: malformed shard index (names unsorted or table not [{len(names)}, 3] "
+                        "integers); re-run scripts/pack_shards.py")
+    return paths, sizes, names, table
 
 
 class _FdLRU:
@@ -112,50 +233,64 @@ class TarShardSource(ImageSource):
     checked when the source is built (every name present, every (offset, length) inside its
     shard), so a bad index fails while loading, before any collective."""
 
-    def __init__(self, index_path: Union[str, Path], names: Optional[Sequence[str]] = None, max_open: int = 8):
+    def __init__(self, index_path: Union[str, Path], names: Optional[Sequence[str]] = None, max_open: int = 8,
+                 check_shards: bool = True):
         self.index_path = Path(index_path)
-        try:
-            index = json.loads(self.index_path.read_text())
-            shards = index["shards"]
-            table: Dict[str, list] = index["images"]
-        except FileNotFoundError:
-            raise DataError(f"shard index {self.index_path} does not exist") from None
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
-            raise DataError(f"{self.index_path}: malformed shard index ({type(e).__name__}: {e})") from None
-        root = self.index_path.parent
-        try:  # the shapes the index must have (a hand-edited or damaged file: a DataError, never a crash)
-            if not isinstance(table, dict) or not all(isinstance(k, str) for k in table):
-                raise TypeError("'images' must map image names to [shard, offset, length]")
-            self.shard_paths = [root / str(s["file"]) for s in shards]
-            entries = {name: tuple(int(v) for v in where) for name, where in table.items()}
-            if any(len(e) != 3 for e in entries.values()):
-                raise ValueError("every image needs [shard, offset, length]")
-        except (ValueError, KeyError, TypeError) as e:
-            raise DataError(f"{self.index_path}: malformed shard index ({type(e).__name__}: {e}); "
-                            "re-run scripts/pack_shards.py") from None
-        self.names = list(names) if names is not None else sorted(table)
-        self._where: List[Tuple[int, int, int]] = []  # per camera: (shard, offset, length)
-        shard_bytes: Dict[int, int] = {}
-        for name in self.names:
-            if name not in table:
-                raise DataError(f"{self.index_path}: image {name!r} is not in the shard index ({len(table)} images indexed)")
-            s, off, length = entries[name]
-            if not 0 <= s < len(self.shard_paths):
-                raise DataError(f"{self.index_path}: image {name!r} names shard {s}, the index lists {len(self.shard_paths)}")
-            if s not in shard_bytes:
-                try:
-                    shard_bytes[s] = os.stat(self.shard_paths[s]).st_size
-                except OSError:
-                    raise DataError(f"shard {self.shard_paths[s]} (listed in {self.index_path}) is missing") from None
-            if off < 0 or length < 0 or off + length > shard_bytes[s]:
-                raise DataError(f"{self.index_path}: image {name!r} at offset {off} length {length} points past the end of "
-                                f"{self.shard_paths[s]} ({shard_bytes[s]} bytes); re-run scripts/pack_shards.py")
-            self._where.append((s, off, length))
+        self.shard_paths, sizes, indexed, table = _read_index(self.index_path)
+        if names is None:
+            try:
+                self.names = [n.decode("utf-8") for n in indexed.tolist()]
+            except UnicodeDecodeError as e:
+                raise DataError(f"{self.index_path}: an image name is not UTF-8 ({e}); re-run scripts/pack_shards.py") from None
+            rows = np.arange(len(indexed))
+        else:
+            self.names = list(names)
+            # Vectorized lookup of every name in the sorted index (no dict of C entries).
+            wanted = np.array([n.encode("utf-8") for n in self.names], dtype=bytes)  # [C]
+            rows = np.minimum(np.searchsorted(indexed, wanted), max(len(indexed) - 1, 0))
+            absent = np.flatnonzero(indexed[rows] != wanted) if len(indexed) else np.arange(len(wanted))
+            if len(absent):
+                raise DataError(f"{self.index_path}: image {self.names[absent[0]]!r} is not in the shard index "
+                                f"({len(indexed)} images indexed)")
+        where = np.asarray(table[rows], dtype=np.int64)  # [C, 3] (shard, offset, length) per camera
+        if len(where) and not (0 <= where[:, 0].min() and where[:, 0].max() < len(self.shard_paths)):
+            i = int(np.flatnonzero((where[:, 0] < 0) | (where[:, 0] >= len(self.shard_paths)))[0])
+            raise DataError(f"{self.index_path}: image {self.names[i]!r} names shard {where[i, 0]}, the index "
+                            f"lists {len(self.shard_paths)}")
+        self._shard = where[:, 0].astype(np.int32)  # [C] (in range: checked above)
+        self._offset = where[:, 1].copy()  # [C] int64
+        self._length = where[:, 2].copy()  # [C] int64
+        # Every (offset, length) inside its shard's size as listed in the index, then each
+        # shard file against it; check_shards=False leaves the files to the caller (a node
+        # that holds only the shards of its own images: train/node_data.py).
+        # length > size - offset, not offset + length > size: the sum of two huge values wraps
+        bad = np.flatnonzero((self._offset < 0) | (self._length < 0)
+                             | (self._length > sizes[self._shard] - np.maximum(self._offset, 0)))
+        if len(bad):
+            i, s = bad[0], self._shard[bad[0]]
+            raise DataError(f"{self.index_path}: image {self.names[i]!r} at offset {self._offset[i]} length "
+                            f"{self._length[i]} points past the end of {self.shard_paths[s]} ({sizes[s]} bytes); "
+                            "re-run scripts/pack_shards.py")
+        if check_shards:  # a few hundred stats at most (256 MB shards), whatever C is
+            for s in np.unique(self._shard).tolist():
+                self._check_shard(s)
         self._fds = _FdLRU(max_open)
 
-    def _pread(self, index: int, length: int, offset: int) -> bytes:
-        s = self._where[index][0]
+    def _check_shard(self, s: int) -> None:
+        """DataError unless shard s exists with the size the index lists."""
         path = self.shard_paths[s]
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            raise DataError(f"shard {path} (listed in {self.index_path}) is missing") from None
+        mine = self._shard == s
+        end = int((self._offset[mine] + self._length[mine]).max()) if mine.any() else 0
+        if end > size:
+            raise DataError(f"{self.index_path}: images of {path} point past its end ({size} bytes); "
+                            "re-run scripts/pack_shards.py")
+
+    def _pread(self, index: int, length: int, offset: int) -> bytes:
+        path = self.shard_paths[self._shard[index]]
         fd = self._fds.acquire(path)
         try:
             data = os.pread(fd, length, offset)
@@ -166,21 +301,23 @@ class TarShardSource(ImageSource):
         return data
 
     def read(self, index: int) -> bytes:
-        _, off, length = self._where[index]
-        return self._pread(index, length, off)
+        return self._pread(index, int(self._length[index]), int(self._offset[index]))
 
     def encoded_size(self, index: int) -> int:
-        return self._where[index][2]
+        return int(self._length[index])
+
+    def shard_of(self, index: int) -> int:
+        """Index into `shard_paths` of the shard holding camera `index`."""
+        return int(self._shard[index])
 
     def peek(self, index: int, head: int) -> Tuple[bytes, bytes]:
-        _, off, length = self._where[index]
+        off, length = int(self._offset[index]), int(self._length[index])
         first = self._pread(index, min(head, length), off)
         tail_len = min(16, length)
         return first, self._pread(index, tail_len, off + length - tail_len)
 
     def where(self, index: int) -> str:
-        s, off, _ = self._where[index]
-        return f"{self.names[index]} in {self.shard_paths[s]} at offset {off}"
+        return f"{self.names[index]} in {self.shard_paths[self._shard[index]]} at offset {self._offset[index]}"
 
     def __getstate__(self):  # descriptors and locks stay in their process
         state = self.__dict__.copy()

@@ -20,6 +20,7 @@ from ..distributed import (
 )
 from .config import Config, default_config, mcmc_config
 from .outputs import check_result_dir
+from .shared_dir import check_shared
 
 log = logging.getLogger("distsplat.train")
 
@@ -62,6 +63,7 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         except ValueError as e:
             error = e
         raise_together(ctx, error, "checking the flags")
+        check_shared(ctx, cfg.result_dir)  # several nodes: one result dir for all (shared_dir.py)
         if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
             cfg.disable_viewer = True
         for extension in extensions:  # each agrees on its own start-up errors

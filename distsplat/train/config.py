@@ -137,6 +137,12 @@ class Config:
     """A step whose loss or gradients are NaN/Inf on any rank is skipped on every rank (no update); after this
     many in a row the run saves the last good state and stops. 0: no check (one host sync less per step)."""
 
+    # --- Several nodes (issue 20): images staged on each node's local disk (train/node_data.py)
+    node_local_data: bool = False
+    """Each node holds only the images its ranks own (scripts/stage_nodes.py copies them): the scene
+    model is read touching one image per COLMAP camera, and each rank checks at setup that it has
+    every image it owns, naming the missing ones. Off: every rank checks every image."""
+
     disable_viewer: bool = False
     """Do not start the live viewer (viser, on rank 0)."""
     port: int = 8080

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..data.cache import local_world_size, mem_total
+from ..distributed import staging
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,24 @@ def usage_bytes(device: torch.device) -> int:
     return rss_bytes()
 
 
+def ranks_sharing_gpu(device: torch.device) -> int:
+    """Ranks of this node on `device`: 1, or in shared-GPU mode (DISTSPLAT_SHARED_GPU=1,
+    local rank l on cuda:(l % device_count)) those of the LOCAL_WORLD_SIZE local ranks that
+    map to it. Per node: other nodes' ranks have their own GPUs."""
+    if staging.shared_device() is None:
+        return 1
+    n_gpus = max(1, torch.cuda.device_count())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return max(1, sum(1 for l in range(local_world_size()) if l % n_gpus == index))
+
+
 def default_limit(device: torch.device) -> Tuple[int, str]:
     """(bytes, where it comes from) of one rank's memory."""
     if device.type == "cuda":
         _free, total = torch.cuda.mem_get_info(device)
+        sharing = ranks_sharing_gpu(device)
+        if sharing > 1:  # shared-GPU mode: the node's ranks split each GPU's memory
+            return int(total / sharing), f"the total memory of {device} / {sharing} ranks sharing it"
         return int(total), f"the total memory of {device}"
     ranks = local_world_size()
     return int(mem_total() / ranks), f"min(MemTotal, cgroup limit) / {ranks} local rank(s)"

@@ -41,7 +41,7 @@ def load_scene(cfg: Config) -> Scene:
         return load_blender(root, normalize=cfg.normalize_world_space)
     if (root / "sparse").is_dir():
         return load_colmap(root, factor=cfg.data_factor, normalize=cfg.normalize_world_space,
-                           test_every=cfg.test_every)
+                           test_every=cfg.test_every, check=not cfg.node_local_data)  # node_data.py checks own images
     if (root / "transforms.json").is_file():
         return load_nerfstudio(root, factor=cfg.data_factor, normalize=cfg.normalize_world_space,
                                test_every=cfg.test_every)

@@ -54,6 +54,8 @@ from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
 from .scene_setup import check_single_size, load_scene, scene_scale
+from .node_data import check_own_images
+from ..distributed.nodes import node_name
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,8 @@ class Trainer:
             raise ValueError(f"--batch_size {cfg.batch_size}: {e}") from None
         t0, t1 = test_owners(len(self.test_idx), W)[r]
         own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])
+        if cfg.node_local_data:  # images staged per node: this rank must have all it owns (node_data.py)
+            check_own_images(scene, own.tolist(), f"{node_name()}, rank {r},")
         budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)

@@ -46,3 +46,55 @@ def torchrun(args: Sequence[str], nproc: int = 2, timeout: float = 180, collecti
             proc.communicate()
             raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it), for a static rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_nodes(args: Sequence[str], nnodes: int = 2, nproc: int = 2, timeout: float = 240,
+                   collective_timeout_s: float = 60, cwds: Optional[Sequence[Path]] = None,
+                   extra_env: Optional[Mapping[str, str]] = None) -> list:
+    """`nnodes` torchrun agents on this machine, as on `nnodes` machines: `--nnodes N
+    --node_rank i --nproc_per_node nproc`, a static rendezvous on 127.0.0.1 (node 0's agent
+    hosts the store). Each agent runs in `cwds[i]` (default: the repo), so a relative path
+    is a different folder on each "node". Returns one CompletedProcess per node; past
+    `timeout` every agent and its ranks are killed and TimeoutExpired raised."""
+    import tempfile
+    import time
+
+    port = free_port()
+    env = torchrun_env(collective_timeout_s, extra_env)
+    procs, logs = [], []
+    try:
+        for node in range(nnodes):
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node}",
+                   f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                   str(TRAINER), *args]
+            # Files, not pipes: an agent blocked on a full pipe would stall the other's collectives.
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            logs.append((out, err))
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env,
+                                          cwd=cwds[node] if cwds is not None else REPO, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        results = []
+        for proc, (out, err) in zip(procs, logs):
+            out.seek(0)
+            err.seek(0)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for out, err in logs:
+            out.close()
+            err.close()

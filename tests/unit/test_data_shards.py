@@ -74,3 +74,26 @@ def test_open_files_bounded(packed):
     assert src.num_open_files() <= 3
     src.close()
     assert open_fds() <= base
+
+
+def test_format_1_index_still_reads(packed, tmp_path):
+    """An index.json of format 1 (every image as {name: [shard, offset, length]}, as packed
+    before the table files) reads the same bytes as the format-2 index beside it."""
+    import json
+    import shutil
+
+    data, index = packed
+    new = TarShardSource(index)
+    old_dir = tmp_path / "old"
+    shutil.copytree(index.parent, old_dir)
+    meta = json.loads(index.read_text())
+    table = np.load(index.parent / meta["table"])
+    names = (index.parent / meta["names"]).read_text().split("\n")[:-1]
+    (old_dir / "index.json").write_text(json.dumps({"format": "distsplat-shards/1", "shards": meta["shards"],
+                                                    "images": {n: t.tolist() for n, t in zip(names, table)}}))
+    for f in (meta["table"], meta["names"]):
+        (old_dir / f).unlink()
+    old = TarShardSource(old_dir / "index.json", names=list(reversed(names)))
+    assert old.names == list(reversed(new.names))
+    for i, name in enumerate(old.names):
+        assert old.read(i) == (data / "images" / name).read_bytes()
