@@ -149,7 +149,13 @@ def load_nerfstudio(
     applied = np.eye(4)
     if "applied_transform" in meta:
         applied = _matrix(path, "applied_transform", meta["applied_transform"], [(3, 4), (4, 4)], "the file's")
-    to_input = np.linalg.inv(applied)  # nerfstudio's world -> the capture's original (COLMAP) world
+    try:
+        to_input = np.linalg.inv(applied)  # nerfstudio's world -> the capture's original (COLMAP) world
+    except np.linalg.LinAlgError:
+        to_input = np.full((4, 4), np.nan)
+    if not np.all(np.isfinite(to_input)):  # singular, or so near it that the inverse overflows
+        raise DataError(f"{path}: the file's 'applied_transform' {applied[:3].tolist()} is not invertible (ns-process-data "
+                        "writes a rotation there); fix it, or remove the key if the frames are in COLMAP's world")
     c2w = np.stack([to_input @ _matrix(path, "transform_matrix", f["transform_matrix"], [(4, 4), (3, 4)], f"frame {j}")
                     @ GL_TO_CV for _, j, f in frames])  # [C, 4, 4] OpenCV axes
 
@@ -243,7 +249,10 @@ def read_ply_points(ply: Path) -> Tuple[np.ndarray, np.ndarray]:
     end = data.find(b"end_header")
     if not data.startswith(b"ply") or end < 0:
         raise DataError(f"{ply}: not a PLY file (no 'ply' magic or no 'end_header')")
-    body = data[data.index(b"\n", end) + 1:]
+    newline = data.find(b"\n", end)
+    if newline < 0:
+        raise DataError(f"{ply}: no line break after 'end_header' (a truncated file?); re-export the file")
+    body = data[newline + 1:]
     fmt, count, props, element = None, 0, [], None
     for line in data[:end].decode("ascii", "replace").splitlines():
         parts = line.split()
@@ -264,17 +273,24 @@ def read_ply_points(ply: Path) -> Tuple[np.ndarray, np.ndarray]:
     names = [p for p, _ in props]
     if not {"x", "y", "z"} <= set(names):
         raise DataError(f"{ply}: the vertex element needs x, y, z properties (has {names})")
+    if fmt not in ("ascii", "binary_little_endian", "binary_big_endian"):
+        raise DataError(f"{ply}: PLY format {fmt!r} is not ascii or binary")
+    # The header's vertex count must fit the body before numpy sizes anything by it: a huge
+    # count would otherwise overflow numpy's sizes (OverflowError) instead of failing cleanly.
+    record = sum(np.dtype(t).itemsize for _, t in props)  # bytes per binary vertex
+    holds = body.count(b"\n") + 1 if fmt == "ascii" else len(body) // record  # vertices the body can hold at most
+    if count > holds:
+        raise DataError(f"{ply}: the header declares {count} vertices but the file holds at most {holds}; "
+                        "the file is truncated or its header is wrong, re-export it")
     try:
         if fmt == "ascii":
             rows = body.decode("ascii").split("\n")[:count]
             table = np.array([r.split()[: len(props)] for r in rows], dtype=np.float64).reshape(count, len(props))
             col = {p: table[:, i] for i, p in enumerate(names)}
-        elif fmt in ("binary_little_endian", "binary_big_endian"):
+        else:
             order = "<" if fmt == "binary_little_endian" else ">"
             rec = np.frombuffer(body, dtype=np.dtype([(p, order + t) for p, t in props]), count=count)
             col = {p: rec[p].astype(np.float64) for p in names}
-        else:
-            raise DataError(f"{ply}: PLY format {fmt!r} is not ascii or binary")
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{ply}: vertex data do not match the header ({type(e).__name__}: {e}); re-export the file") from None
     xyz = np.stack([col["x"], col["y"], col["z"]], 1)

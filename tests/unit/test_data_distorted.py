@@ -158,6 +158,9 @@ def _edit(ns, change):
     (lambda m: m.update(ply_file_path="gone.ply"), r"'ply_file_path' .*gone.ply does not exist"),
     (lambda m: m.update(test_filenames=["images/nope.png"]), r"'test_filenames' lists \['images/nope.png'\]"),
     (lambda m: m.update(frames=[]), r"transforms.json: expected an object with a non-empty 'frames' list"),
+    # singular (numpy raises), and so near singular that the inverse is inf/nan (numpy does not raise)
+    (lambda m: m.update(applied_transform=[[0, 0, 0, 0], [0, 0, 1, 0], [0, -1, 0, 0]]), r"'applied_transform' .* not invertible"),
+    (lambda m: m.update(applied_transform=[[1e-310, 0, 0, 0], [0, 0, 1, 0], [0, -1, 0, 0]]), r"'applied_transform' .* not invertible"),
 ])
 def test_nerfstudio_bad_files_name_the_file_and_key(opencv_capture, tmp_path, change, message):
     ns = colmap_to_nerfstudio(opencv_capture, tmp_path / "ns")
@@ -171,6 +174,12 @@ def test_nerfstudio_malformed_json_and_ply(opencv_capture, tmp_path):
     (ns / "sparse_pc.ply").write_text("ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nend_header\n1\n2\n3\n")
     with pytest.raises(DataError, match=r"sparse_pc.ply: the vertex element needs x, y, z"):
         load_nerfstudio(ns)
+    for body, message in ((b"end_header", r"no line break after 'end_header'"),
+                          (b"end_header\n1 2 3\n", r"the header declares 9 vertices but the file holds at most 2")):
+        (ns / "sparse_pc.ply").write_bytes(b"ply\nformat ascii 1.0\nelement vertex 9\nproperty float x\n"
+                                           b"property float y\nproperty float z\n" + body)
+        with pytest.raises(DataError, match=r"sparse_pc.ply: " + message):
+            load_nerfstudio(ns)
     path = ns / "transforms.json"
     path.write_text(path.read_text()[:-30])
     with pytest.raises(DataError, match=r"transforms.json: malformed JSON at line"):
