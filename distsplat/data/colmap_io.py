@@ -12,7 +12,7 @@ import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -184,25 +184,44 @@ def write_model_bin(model: Model, folder: Path) -> None:
         for c in model.cameras.values():
             f.write(struct.pack("<iiQQ", c.id, MODEL_IDS[c.model], c.width, c.height))
             f.write(struct.pack(f"<{len(c.params)}d", *c.params))
+    per_image, tracks = _observations(model)
     with open(folder / "images.bin", "wb") as f:
         f.write(struct.pack("<Q", len(model.images)))
         for im in model.images.values():
             f.write(struct.pack("<i7di", im.id, *im.qvec, *im.tvec, im.camera_id))
-            f.write(im.name.encode("utf-8") + b"\0" + struct.pack("<Q", 0))
+            obs = per_image.get(im.id, [])
+            f.write(im.name.encode("utf-8") + b"\0" + struct.pack("<Q", len(obs)))
+            f.write(b"".join(struct.pack("<ddq", 0.0, 0.0, pid) for pid in obs))
     p = model.points
     with open(folder / "points3D.bin", "wb") as f:
         f.write(struct.pack("<Q", len(p.ids)))
         for i in range(len(p.ids)):
-            track = _track(p, i)
+            track = tracks[i]
             f.write(struct.pack("<Q3d3BdQ", p.ids[i], *p.xyz[i], *p.rgb[i], p.error[i], len(track)))
-            f.write(struct.pack(f"<{2 * len(track)}i", *[v for im in track for v in (im, 0)]))
+            f.write(struct.pack(f"<{2 * len(track)}i", *[v for pair in track for v in pair]))
 
 
 def _track(p: Points, i: int) -> list:
-    """Image ids of point i's track (written with point2D_idx 0: no 2D points are kept)."""
+    """Image ids of point i's track."""
     if p.track_offsets is None:
         return []
     return [int(v) for v in p.track_images[p.track_offsets[i]:p.track_offsets[i + 1]]]
+
+
+def _observations(model: Model) -> Tuple[Dict[int, List[int]], List[List[Tuple[int, int]]]]:
+    """For the writers: ({image id: [point3D id of each of its 2D points]}, [per point i:
+    [(image id, point2D_idx)]]). The reader keeps no 2D coordinates, so an image's 2D points
+    are written at (0, 0), one per observation, and each track indexes them: a model COLMAP
+    and pycolmap read (a point2D_idx must exist in its image)."""
+    p, per_image, tracks = model.points, {}, []
+    for i in range(len(p.ids)):
+        track = []
+        for im in _track(p, i):
+            obs = per_image.setdefault(im, [])
+            track.append((im, len(obs)))
+            obs.append(int(p.ids[i]))
+        tracks.append(track)
+    return per_image, tracks
 
 
 # ---------------------------------------------------------------- text
@@ -286,17 +305,19 @@ def write_model_txt(model: Model, folder: Path) -> None:
         f.write("# CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]\n")
         for c in model.cameras.values():
             f.write(f"{c.id} {c.model} {c.width} {c.height} " + " ".join(repr(float(v)) for v in c.params) + "\n")
+    per_image, tracks = _observations(model)
     with open(folder / "images.txt", "w") as f:
         f.write("# IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME\n# POINTS2D[] as (X, Y, POINT3D_ID)\n")
         for im in model.images.values():
             vals = " ".join(repr(float(v)) for v in (*im.qvec, *im.tvec))
-            f.write(f"{im.id} {vals} {im.camera_id} {im.name}\n\n")
+            obs = " ".join(f"0.0 0.0 {pid}" for pid in per_image.get(im.id, []))
+            f.write(f"{im.id} {vals} {im.camera_id} {im.name}\n{obs}\n")
     p = model.points
     with open(folder / "points3D.txt", "w") as f:
         f.write("# POINT3D_ID, X, Y, Z, R, G, B, ERROR, TRACK[]\n")
         for i in range(len(p.ids)):
             x, y, z = (repr(float(v)) for v in p.xyz[i])
-            track = "".join(f" {im} 0" for im in _track(p, i))
+            track = "".join(f" {im} {idx}" for im, idx in tracks[i])
             f.write(f"{p.ids[i]} {x} {y} {z} {p.rgb[i][0]} {p.rgb[i][1]} {p.rgb[i][2]} {float(p.error[i])!r}{track}\n")
 
 
