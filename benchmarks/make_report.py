@@ -51,6 +51,14 @@ MEASURES: Dict[str, List[str]] = {
     "host_syncs_cuda": ["distsplat", "benchmarks/count_syncs.py"],
     "mcmc_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
     "default_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
+    "builtin_scenes_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
+    "captures_cpu": ["distsplat", "examples/simple_trainer.py", "tests/distributed/test_captures.py",
+                     "tests/unit/data_helpers.py", "tests/unit/test_undistort.py"],
+    "extras_effects": ["distsplat", "benchmarks/extras_effects.py"],
+    "divergence_check_cpu": ["distsplat/train/faults.py", "benchmarks/bench_divergence_check.py"],
+    "fuzz_parsers": ["distsplat/data", "distsplat/train/checkpoint.py", "distsplat/viewer/model.py", "tests/fuzz"],
+    "million": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train", "scripts/pack_shards.py",
+                "benchmarks/bench_million.py"],
 }
 
 
