@@ -169,8 +169,6 @@ def _read_index(index_path: Path) -> Tuple[List[Path], np.ndarray, np.ndarray, n
             raw = [k.encode("utf-8") for k, _ in items]
             table = np.array([v for _, v in items], dtype=np.int64).reshape(-1, 3)
         names = np.array(raw, dtype=bytes)  # [C] fixed-width bytes: ~name length per image, no objects
-        for n in raw[:1] + raw[-1:]:
-            n.decode("utf-8")
     except FileNotFoundError as e:
         raise DataError(f"shard index {index_path} (or its {Path(e.filename).name}) does not exist") from None
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, UnicodeError,

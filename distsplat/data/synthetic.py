@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Sequence, Union
+from typing import Callable, Dict, Sequence, Union
 
 import numpy as np
 
@@ -65,13 +65,22 @@ def make_synthetic_scene(
         a = 2 * math.pi * i / num_cameras
         eye = np.array([radius * math.cos(a), radius * math.sin(a), radius * (0.3 if i % 2 else -0.1)])
         c2w.append(look_at(eye, np.zeros(3)))
+    return ground_truth_scene("synthetic", c2w, width, height, fov_deg, gaussians, test_every)
+
+
+def ground_truth_scene(prefix: str, c2w: Sequence[np.ndarray], width: int, height: int, fov_deg: float,
+                       gaussians: Dict[str, np.ndarray], test_every: int) -> Scene:
+    """A scene of ground-truth Gaussians seen by pinhole cameras `c2w` ([4, 4] each) of one
+    size and field of view, named `prefix_NNNNN`, with no images (attach_images adds them);
+    the Gaussians' centres and colours are its sparse points."""
+    n = len(c2w)
     f = 0.5 * width / math.tan(math.radians(fov_deg) / 2)
     K = np.array([[f, 0.0, width / 2], [0.0, f, height / 2], [0.0, 0.0, 1.0]])
-    names = [f"synthetic_{i:05d}" for i in range(num_cameras)]
+    names = [f"{prefix}_{i:05d}" for i in range(n)]
     train, test = split_every(names, test_every)
     return Scene(
-        names=names, camtoworlds=np.stack(c2w), Ks=np.tile(K, (num_cameras, 1, 1)),
-        widths=np.full(num_cameras, width, np.int64), heights=np.full(num_cameras, height, np.int64),
+        names=names, camtoworlds=np.stack(c2w), Ks=np.tile(K, (n, 1, 1)),
+        widths=np.full(n, width, np.int64), heights=np.full(n, height, np.int64),
         points=gaussians["means"].copy(), points_rgb=(gaussians["colors"] * 255).round().astype(np.uint8),
         train=train, test=test, images=None, gaussians=gaussians, kind="synthetic",
     )

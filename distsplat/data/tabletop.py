@@ -11,8 +11,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from .scene import Scene, split_every
-from .synthetic import look_at
+from .scene import Scene
+from .synthetic import ground_truth_scene, look_at
 
 
 def _quats(R: np.ndarray) -> np.ndarray:
@@ -117,13 +117,4 @@ def make_tabletop_scene(
         a = offset + 2 * math.pi * i / num_cameras
         eye = np.array([3.2 * math.cos(a), 3.2 * math.sin(a), 2.1 if i % 2 else 1.3])
         c2w.append(look_at(eye, np.array([0.0, 0.0, 0.3])))
-    f = 0.5 * width / math.tan(math.radians(fov_deg) / 2)
-    K = np.array([[f, 0.0, width / 2], [0.0, f, height / 2], [0.0, 0.0, 1.0]])
-    names = [f"tabletop_{i:05d}" for i in range(num_cameras)]
-    train, test = split_every(names, test_every)
-    return Scene(
-        names=names, camtoworlds=np.stack(c2w), Ks=np.tile(K, (num_cameras, 1, 1)),
-        widths=np.full(num_cameras, width, np.int64), heights=np.full(num_cameras, height, np.int64),
-        points=gaussians["means"].copy(), points_rgb=(gaussians["colors"] * 255).round().astype(np.uint8),
-        train=train, test=test, images=None, gaussians=gaussians, kind="synthetic",
-    )
+    return ground_truth_scene("tabletop", c2w, width, height, fov_deg, gaussians, test_every)
