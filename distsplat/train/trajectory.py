@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.synthetic import look_at  # [4, 4] camera-to-world from eye, target, up
+
 
 def focus_point(camtoworlds: np.ndarray) -> np.ndarray:
     """[3] the point nearest (least squares) to every camera's optical axis."""
@@ -15,18 +17,6 @@ def focus_point(camtoworlds: np.ndarray) -> np.ndarray:
     P = np.eye(3)[None] - dirs[:, :, None] * dirs[:, None, :]  # [C, 3, 3] projectors off each axis
     A, b = P.sum(0), (P @ origins[:, :, None]).sum(0)[:, 0]
     return np.linalg.lstsq(A, b, rcond=None)[0]
-
-
-def look_at(eye: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """[4, 4] camera-to-world looking from eye at target, `up` up in the image."""
-    z = target - eye
-    z = z / np.linalg.norm(z)
-    x = np.cross(z, up)  # OpenCV: then y = z x x points down, the image's up is -y
-    x = x / np.linalg.norm(x)
-    M = np.eye(4)
-    M[:3, :3] = np.stack([x, np.cross(z, x), z], axis=1)
-    M[:3, 3] = eye
-    return M
 
 
 def _orthonormal(forward: np.ndarray, down: np.ndarray) -> np.ndarray:
