@@ -27,6 +27,7 @@ import linecache
 import os
 import sys
 import tempfile
+import traceback
 import warnings
 from pathlib import Path
 from typing import Callable, Dict
@@ -38,21 +39,30 @@ from benchmarks.common import write_result  # noqa: E402
 
 
 def count_syncs(fn: Callable[[], object]) -> Dict[str, object]:
-    """Runs fn once under sync debug mode 'warn'; returns the count and where they came from."""
+    """Runs fn once under sync debug mode 'warn'; returns the count, where they came from
+    (the line that warned) and the Python stack of each (a sync inside a library function
+    warns at that function's line: the stack names our caller)."""
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    caught = []
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message).lower():
+            stack = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
+                     for f in traceback.extract_stack()[:-1]]
+            caught.append((filename, lineno, stack[-8:]))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = hook
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
-    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     where = collections.Counter(
-        f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}: "
-        f"{linecache.getline(w.filename, w.lineno).strip()[:100]}" for w in syncs)
-    return {"count": len(syncs), "where": dict(where.most_common())}
+        f"{Path(f).parent.name}/{Path(f).name}:{n}: {linecache.getline(f, n).strip()[:100]}" for f, n, _ in caught)
+    return {"count": len(caught), "where": dict(where.most_common()), "stacks": [st for _, _, st in caught]}
 
 
 def main() -> None:

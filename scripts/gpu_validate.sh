@@ -4,19 +4,24 @@
 #     bash scripts/gpu_prepare.sh        # wheels -> .whl/, data -> .gpu_data/, gsplat -> .gsplat_ext/
 # then, on the device, from the repository root, with .whl .gpu_data .gsplat_ext carried:
 #     bash scripts/gpu_validate.sh 1     # correctness: gsplat loads, tests/cuda with no skip,
-#                                        # host syncs, NCCL W=1 and shared-GPU W=2 trainings
+#                                        # host syncs, NCCL W=1 and shared-GPU W=2 trainings,
+#                                        # bench_vs_gsplat, 1000 steps of thermos
 #     bash scripts/gpu_validate.sh 2     # numbers: bench_vs_gsplat, default and mcmc on thermos
+#     bash scripts/gpu_validate.sh tests,profile,default_7k   # named checks (see run_check)
 # Everything lands in $OUT (default: ./gpu_out): summary.txt (one line per check, PASS/FAIL),
-# the logs, and results.tgz (benchmarks/results/*.json written by this run). The exit code
+# logs.tgz (every check's log: at most 8 files come back from a device call), and
+# results.tgz (benchmarks/results/*.json written by this run). The exit code
 # is non-zero when any check failed. Each check runs under `timeout` so that a hang costs its
 # own budget, never the whole call.
 #
-# Environment: OUT, STEPS (trainings of part 2, default 2000), DATA_FACTOR (thermos, 1 = 946x532).
+# Environment: OUT, STEPS (the default_7k / mcmc_7k trainings, default 7000), TRAIN_LIMIT (their
+# time limit, 240 s), DATA_FACTOR (thermos, 1 = 946x532).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PART="${1:-1}"
 OUT="${OUT:-$PWD/gpu_out}"
-mkdir -p "$OUT"
+LOGS="$OUT/logs"
+mkdir -p "$OUT" "$LOGS"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 FAILED=0
@@ -24,18 +29,18 @@ T0=$(date +%s)
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-# check NAME SECONDS CMD...: runs CMD with a time limit, its output in $OUT/NAME.log.
+# check NAME SECONDS CMD...: runs CMD with a time limit, its output in $LOGS/NAME.log.
 check() {
     local name="$1" limit="$2" start rc
     shift 2
     start=$(date +%s)
-    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout --kill-after=10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
     if [ "$rc" -eq 0 ]; then
         note "PASS $name ($(( $(date +%s) - start )) s)"
     else
         note "FAIL $name (exit $rc$([ "$rc" -eq 124 ] && echo ", timed out after ${limit} s"), $(( $(date +%s) - start )) s; see $name.log)"
-        tail -n 30 "$OUT/$name.log"
+        tail -n 30 "$LOGS/$name.log"
         FAILED=1
     fi
     return "$rc"
@@ -60,13 +65,13 @@ fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
     $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.get_device_name(0))"
     nvcc --version 2>&1 | tail -1
-} | tee "$OUT/env.txt"
+} | tee "$LOGS/env.txt"
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'" || { note "FAIL no CUDA GPU visible to torch"; exit 1; }
 
 # One process loads the prebuilt extension (or JIT-builds it once) before anything else,
 # so no two ranks ever build concurrently.
 check gsplat_ops 420 $PY -m distsplat.render.gsplat_ext || { note "gsplat's ops are missing: nothing else can run"; exit 1; }
-note "  $(tail -n 1 "$OUT/gsplat_ops.log")"
+note "  $(tail -n 1 "$LOGS/gsplat_ops.log")"
 
 THERMOS="$DISTSPLAT_DATA/thermos"
 train() {  # train NAME LIMIT NPROC [ENV=VAL ...] -- TRAINER ARGS...
@@ -84,38 +89,47 @@ train() {  # train NAME LIMIT NPROC [ENV=VAL ...] -- TRAINER ARGS...
     return 0
 }
 
-if [ "$PART" = 1 ]; then
-    # Every CUDA test must run: a skip (no data, no GPU) is a failure here. pytest-timeout
-    # (on the device image) stops a hung test at 90 s so the others still run.
-    check tests_cuda 240 env DISTSPLAT_FAIL_ON_SKIP=1 $PY -m pytest tests/cuda -v -rA -p no:cacheprovider \
-        --timeout 90 --junitxml="$OUT/tests_cuda.xml"
-    note "  $(grep -E '[0-9]+ (passed|failed|errors?)( |,)' "$OUT/tests_cuda.log" | tail -n 1)"
-    check host_syncs 60 $PY benchmarks/count_syncs.py
-    note "  $(tail -n 1 "$OUT/host_syncs.log")"
-    # NCCL at W=1 (one GPU), then W=2 sharing the GPU over gloo (correctness only, not speed).
-    train nccl_w1 90 1 -- default --data_dir "$THERMOS" --data_factor 4 --max_steps 200 \
-        --eval_steps 200 --save_steps 200 --cache gpu
-    train shared_w2 100 2 DISTSPLAT_SHARED_GPU=1 -- default --data_dir "$THERMOS" --data_factor 4 \
-        --max_steps 200 --eval_steps 200 --save_steps 200 --cache decoded
-    if [ "${QUICK_NUMBERS:-1}" = 1 ]; then  # a first look at the numbers of part 2
+run_check() {  # one named check (or group) of the validation
+    case "$1" in
+    tests)  # every CUDA test must run: a skip (no data, no GPU) is a failure here;
+            # pytest-timeout (on the device image) stops a hung test at 90 s
+        check tests_cuda 240 env DISTSPLAT_FAIL_ON_SKIP=1 $PY -m pytest tests/cuda -v -rA -p no:cacheprovider \
+            --timeout 90 --junitxml="$LOGS/tests_cuda.xml"
+        note "  $(grep -E '[0-9]+ (passed|failed|errors?)( |,)' "$LOGS/tests_cuda.log" | tail -n 1)" ;;
+    syncs)
+        check host_syncs 60 $PY benchmarks/count_syncs.py
+        note "  $(tail -n 1 "$LOGS/host_syncs.log")" ;;
+    small)  # NCCL at W=1 (one GPU), then W=2 sharing the GPU over gloo (correctness only)
+        train nccl_w1 90 1 -- default --data_dir "$THERMOS" --data_factor 4 --max_steps 200 \
+            --eval_steps 200 --save_steps 200 --cache gpu
+        train shared_w2 100 2 DISTSPLAT_SHARED_GPU=1 -- default --data_dir "$THERMOS" --data_factor 4 \
+            --max_steps 200 --eval_steps 200 --save_steps 200 --cache decoded ;;
+    vs_gsplat)
         check vs_gsplat_synthetic 80 $PY benchmarks/bench_vs_gsplat.py
-        note "  $(tail -n 1 "$OUT/vs_gsplat_synthetic.log")"
+        note "  $(tail -n 1 "$LOGS/vs_gsplat_synthetic.log")" ;;
+    profile)  # where a W=1 step's time goes: ours vs gsplat, kernels and host
+        check profile 150 $PY benchmarks/profile_gpu.py "$LOGS"
+        note "  $(tail -n 1 "$LOGS/profile.log")" ;;
+    default_1k)
         train default_thermos_1k 100 1 -- default --data_dir "$THERMOS" --data_factor 1 --max_steps 1000 \
-            --eval_steps 1000 --save_steps 1000 --cache gpu
-    fi
-elif [ "$PART" = 2 ]; then
-    check vs_gsplat_synthetic 150 $PY benchmarks/bench_vs_gsplat.py
-    note "  $(tail -n 1 "$OUT/vs_gsplat_synthetic.log")"
-    STEPS="${STEPS:-2000}"
-    for strategy in default mcmc; do
-        train "${strategy}_thermos" 180 1 -- "$strategy" --data_dir "$THERMOS" --data_factor "${DATA_FACTOR:-1}" \
-            --max_steps "$STEPS" --eval_steps "$STEPS" --save_steps "$STEPS" --cache gpu
-    done
-else
-    echo "usage: bash scripts/gpu_validate.sh 1|2" >&2
-    exit 2
-fi
+            --eval_steps 1000 --save_steps 1000 --cache gpu ;;
+    default_7k|mcmc_7k)  # issue 14's training: thermos at full resolution, W=1
+        local strategy=${1%_7k}
+        train "${strategy}_thermos_${STEPS:-7000}" "${TRAIN_LIMIT:-240}" 1 -- "$strategy" --data_dir "$THERMOS" \
+            --data_factor "${DATA_FACTOR:-1}" --max_steps "${STEPS:-7000}" --eval_steps "${STEPS:-7000}" \
+            --save_steps "${STEPS:-7000}" --cache gpu ;;
+    1) for c in tests syncs small vs_gsplat default_1k; do run_check $c; done ;;
+    2) for c in vs_gsplat default_7k mcmc_7k; do run_check $c; done ;;
+    *) echo "unknown check '$1' (tests syncs small vs_gsplat profile default_1k default_7k mcmc_7k, or 1, 2)" >&2
+       FAILED=1 ;;
+    esac
+}
+IFS=',' read -r -a CHECKS <<< "$PART"
+for c in "${CHECKS[@]}"; do run_check "$c"; done
 
+# At most 8 files come back from a device call: the logs travel as one archive.
+tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
 tar -czf "$OUT/results.tgz" benchmarks/results 2>/dev/null
+rm -rf "$LOGS"
 note "part $PART done in $(( $(date +%s) - T0 )) s; $([ "$FAILED" = 0 ] && echo 'all checks passed' || echo 'SOME CHECKS FAILED')"
 exit "$FAILED"
