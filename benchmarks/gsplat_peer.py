@@ -20,7 +20,11 @@ This driver changes none of those files; at runtime, before gsplat's `__main__` 
 Usage (device, repo root, after installing .whl; see scripts/prepare_gsplat_peer.sh):
     python3 benchmarks/gsplat_peer.py default --data_dir .gpu_data/thermos --data_factor 1 \
         --max_steps 7000 --eval_steps 7000 --save_steps 7000 --disable_viewer --result_dir /tmp/peer_default
-Everything after the script name is gsplat's simple_trainer CLI, unchanged. Environment:
+Everything after the script name is gsplat's simple_trainer CLI, unchanged. Both strategies in
+one device call, carry [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"] (scripts/gpu_prepare.sh
+makes them): install the wheels as scripts/gpu_validate.sh does, export PYTHONPATH=/tmp/site:$PWD,
+then `for s in default mcmc; do python3 benchmarks/gsplat_peer.py $s ... --result_dir /tmp/peer_$s; done`
+and copy benchmarks/results/gsplat_peer_*.json to $OUT. Environment:
 GSPLAT_PEER (the peer folder, default <repo>/.gsplat_peer), DISTSPLAT_GSPLAT_EXT (default
 <repo>/.gsplat_ext), DISTSPLAT_COMMIT (else .gpu_data/COMMIT, else git), PEER_DRY_RUN=1 (no
 CUDA: set everything up, parse the arguments, build gsplat's Parser and Datasets, load one
@@ -36,6 +40,7 @@ import os
 import runpy
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -69,6 +74,11 @@ def setup_paths() -> Dict[str, Any]:
     # The peer's packages first: gsplat's examples import `datasets` and `utils` as top-level
     # names (a `datasets` namespace package, which any regular `datasets` package would shadow).
     sys.path[:0] = [str(PEER / "examples"), str(PEER / "site")]
+    # gsplat's examples/datasets/ has no __init__.py: a namespace package, which a regular
+    # `datasets` package anywhere on sys.path (Hugging Face's) would win over. Bind the name.
+    pkg = types.ModuleType("datasets", "gsplat 1.5.3 examples/datasets (the peer)")
+    pkg.__path__ = [str(PEER / "examples" / "datasets")]
+    sys.modules["datasets"] = pkg
     return json.loads(build.read_text())
 
 
@@ -220,14 +230,20 @@ def main() -> int:
         print(f"gsplat_peer: dry run split: {json.dumps(SPLIT)}")
         return 0
 
+    import shutil
+
     import torch
 
+    # Stats of an earlier run in the same folder (a warm machine) must not be read as this one's.
+    shutil.rmtree(Path(result_dir) / "stats", ignore_errors=True)
+    own_argv = list(sys.argv)
     sys.argv = [str(PEER / "examples" / "simple_trainer.py")] + argv
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     runpy.run_path(sys.argv[0], run_name="__main__")  # gsplat's own __main__: tyro CLI, cli(main, cfg)
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    sys.argv = own_argv  # the JSON's "command" is this driver's
 
     import gsplat
     from benchmarks.common import write_result
