@@ -272,6 +272,13 @@ def main() -> int:
             "peak_mem_reserved_GiB": torch.cuda.max_memory_reserved() / 2**30,
             "wall_seconds": round(wall, 2),  # the whole run: parsing, loading, training, eval, saving
         },
+        "definitions": {
+            "psnr, ssim": "gsplat's eval at the last step: torchmetrics PSNR/SSIM (data_range 1) averaged over the test images",
+            "train_seconds": "gsplat's train_step*_rank0.json ellipse_time: its training loop (data loading included), "
+                             "from the first step to the last, before the final eval",
+            "peak_mem_allocated_GiB": "gsplat's train_step*_rank0.json mem: torch.cuda.max_memory_allocated at the last step",
+            "wall_seconds": "this driver: gsplat's whole __main__ (parse, load, train, eval, checkpoint)",
+        },
         "gsplat_stats": stats,
     }
     path = write_result(f"gsplat_peer_{strategy}", payload)
