@@ -5,6 +5,8 @@
 #   .whl/         wheels the device image lacks (cp312, manylinux x86_64, --no-deps)
 #   .gpu_data/    what the CUDA tests and GPU benchmarks read (test_garden.npz, thermos)
 #   .gsplat_ext/  gsplat's CUDA extension built ahead of time (scripts/build_gsplat_ext.sh)
+#   .gsplat_peer/ gsplat's own examples/simple_trainer.py + its deps, run as the peer reference by
+#                 benchmarks/gsplat_peer.py (scripts/prepare_gsplat_peer.sh; never committed)
 # and prints the size of what travels; fails when it is over 64 MiB. Idempotent: what is
 # present and current is kept.
 #
@@ -13,7 +15,7 @@
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 #   export DISTSPLAT_GSPLAT_EXT=$PWD/.gsplat_ext DISTSPLAT_DATA=$PWD/.gpu_data
 #   python3 -m distsplat.render.gsplat_ext        # loads the prebuilt ops once
-# with carry: [".whl", ".gpu_data", ".gsplat_ext"].
+# with carry: [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"].
 #
 # Environment (defaults): SHARED_DATA (/work/shared/data), PY312 (/root/.pyenv/versions/3.12.1,
 # used to test the install), SKIP_INSTALL_TEST (0), LIMIT_MIB (64), NO_BUILD (0: build the
@@ -26,7 +28,7 @@ cd "$REPO_ROOT"
 SHARED_DATA="${SHARED_DATA:-/work/shared/data}"
 PY312="${PY312:-/root/.pyenv/versions/3.12.1}"
 LIMIT_MIB="${LIMIT_MIB:-64}"
-CARRY=(.whl .gpu_data .gsplat_ext)
+CARRY=(.whl .gpu_data .gsplat_ext .gsplat_peer)
 
 die() { echo "gpu_prepare.sh: $*" >&2; exit 1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
@@ -119,6 +121,17 @@ elif [ "${NO_BUILD:-0}" = 1 ]; then
 else
     echo "== building gsplat's CUDA extension (scripts/build_gsplat_ext.sh; ~20-40 min on one core)"
     scripts/build_gsplat_ext.sh
+fi
+
+# ---------------------------------------------------------------------------------------
+# 3b. gsplat's own trainer as the peer reference (issue 14), rebuilt when missing or stale
+#     (the script is idempotent; it needs the stored snapshots of gsplat, the pycolmap fork,
+#     nerfview and fused-ssim, and the Python 3.12 torch site).
+if [ "${NO_BUILD:-0}" = 1 ]; then
+    [ -f .gsplat_peer/BUILD.json ] || echo "== .gsplat_peer missing; NO_BUILD=1: not building (benchmarks/gsplat_peer.py cannot run)"
+else
+    OUT_DIR="$REPO_ROOT/.gsplat_peer" scripts/prepare_gsplat_peer.sh 2>&1 | grep -v "UserWarning: Failed to initialize NumPy\|_conversion_method_template" \
+        || die "scripts/prepare_gsplat_peer.sh failed"
 fi
 
 # ---------------------------------------------------------------------------------------
