@@ -31,7 +31,7 @@ into every batch camera and rasterize their own cameras with the same kernels).
 
     PYTHONPATH=$PWD python benchmarks/scaling_gpu.py
 Environment: SMALL=1 (a dry run: SMALL_SIZE="20000,128,96" Gaussians,width,height), WS (1,2,4,8), BATCHES (1,4),
-WARMUP (2), STEPS (3), TIME_LIMIT_S (200: past it, no new configuration starts and what is
+WARMUP (2), STEPS (6), TIME_LIMIT_S (200: past it, no new configuration starts and what is
 measured is written), REPLICAS (8: copies of test_garden's points), DISTSPLAT_DATA (the folder
 with test_garden.npz; default /work/shared/data). Writes benchmarks/results/scaling_gpu.json
 (scaling_gpu_small.json with SMALL=1) after every configuration; prints one summary line.
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import math
 import os
 import statistics
@@ -481,7 +482,10 @@ def model_step(rec: Dict[str, Any], link: Optional[Dict[str, Any]], system: str 
     """Predicted step (ms) of one recorded step: T = max_r(A + C) + max_r(B) + X."""
     W = len(rec["stages_ms"])
     st = rec["stages_ms"]
-    ac = makespan([segment(s, "A") + segment(s, "C") for s in st])
+    # gsplat on one GPU renders without its distributed code path: no packing stage (at W > 1
+    # its all_to_all_tensor_list concatenations and id offsets stand in for our packing).
+    unpacked = system == "gsplat" and W == 1
+    ac = makespan([segment(s, "A") - unpacked * s.get("pack", 0.0) + segment(s, "C") for s in st])
     b = makespan([segment(s, "B") for s in st])
     copy_f = max(s.get("exchange_copy_fwd", 0.0) for s in st)
     copy_b = max(s.get("exchange_copy_bwd", 0.0) for s in st)
@@ -519,7 +523,8 @@ def summarize(records: List[Dict[str, Any]], W: int, b: int) -> Dict[str, Any]:
         "per_rank_ms": per_rank,
         "pairs_projected": [med(rec["pairs_projected"][r] for rec in records) for r in range(W)],
         "pairs_rendered": [med(rec["pairs_rendered"][r] for rec in records) for r in range(W)],
-        "pair_matrix_last_step": records[-1]["pair_matrix"],
+        "pair_matrix_last_step": records[-1]["pair_matrix"],  # [W][W] pairs from rank r to rank d
+        "bytes_matrix_last_step": [[c * records[-1]["bytes_per_pair"] for c in row] for row in records[-1]["pair_matrix"]],
         "bytes_per_pair": bpp,
         "bytes_sent": [med(rec["pairs_sent"][r] for rec in records) * bpp + (W > 1) * (W - 1) * COUNT_COLUMNS * 8
                        for r in range(W)],
@@ -527,12 +532,14 @@ def summarize(records: List[Dict[str, Any]], W: int, b: int) -> Dict[str, Any]:
                            for r in range(W)],
         "bytes_sent_gsplat": [med(rec["pairs_sent"][r] for rec in records) * GSPLAT["bytes_per_pair_forward"]
                               for r in range(W)],
-        "compute_only_step_ms": med(model_step(rec, None)["step_ms"] for rec in records),
         "predicted": {},
     }
+    # Step times: the MEAN over the timed steps (throughput is images over total time; the
+    # batch's cameras, hence the rasterization load, change from step to step).
+    out["compute_only_step_ms"] = statistics.mean(model_step(rec, None)["step_ms"] for rec in records)
     for system in ("ours", "gsplat"):
         out["predicted"][system] = {
-            name: {k: round(med(model_step(rec, link, system)[k] for rec in records), 4)
+            name: {k: round(statistics.mean(model_step(rec, link, system)[k] for rec in records), 4)
                    for k in ("compute_ms", "exchange_ms", "step_ms")}
             for name, link in LINKS.items()}
     return out
@@ -574,7 +581,7 @@ def main() -> None:
     small = os.environ.get("SMALL", "0") == "1"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ws, batches = env_list("WS", "1,2,4,8"), env_list("BATCHES", "1,4")
-    warmup, steps = int(os.environ.get("WARMUP", 2)), int(os.environ.get("STEPS", 3))
+    warmup, steps = int(os.environ.get("WARMUP", 2)), int(os.environ.get("STEPS", 6))
     limit = float(os.environ.get("TIME_LIMIT_S", 200))
     if device.type == "cpu":
         torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -610,6 +617,7 @@ def main() -> None:
                     truncated.append(f"W={W} batch={b}: {len(records)} timed steps, past TIME_LIMIT_S")
                     break
             del trainers
+            gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             if records:
@@ -638,11 +646,23 @@ def main() -> None:
           f"{time.perf_counter() - T_START:.0f} s" + (f", TRUNCATED {truncated}" if truncated else "") + f" -> {path}")
 
 
+def gsplat_version() -> Optional[str]:
+    try:
+        import gsplat
+
+        return getattr(gsplat, "__version__", None)
+    except Exception:  # noqa: BLE001 (a metadata field: never fail the run for it)
+        return None
+
+
 def payload(scene, rows, device, warmup, steps, setup_s, truncated, small) -> Dict[str, Any]:
     return {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (dry run: torch backend)",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "small": small,
+        "gsplat_version": gsplat_version(),
+        "env": {k: os.environ[k] for k in ("SMALL", "SMALL_SIZE", "WS", "BATCHES", "WARMUP", "STEPS", "TIME_LIMIT_S",
+                                             "REPLICAS", "DISTSPLAT_DATA", "DISTSPLAT_GSPLAT_EXT") if k in os.environ},
         "scene": scene["describe"],
         "steps": {"warmup": warmup, "timed": steps},
         "setup_s": setup_s,
@@ -658,7 +678,8 @@ def payload(scene, rows, device, warmup, steps, setup_s, truncated, small) -> Di
             "exchange": ("X = collectives * latency + host_syncs * host_sync (+ gsplat's extra host reads) + "
                          "per direction max(busiest rank's bytes / link bandwidth, measured device copy of the "
                          "busiest rank's received payload)"),
-            "speedup": "W * T(1) / T(W) at a fixed per-rank batch (throughput, images/s)",
+            "speedup": ("W * T(1) / T(W) at a fixed per-rank batch (throughput, images/s); T = the mean over "
+                        "the timed steps of each step's prediction"),
         },
         "ours": OURS, "gsplat": GSPLAT, "links": LINKS, "anchors": ANCHORS,
         "assumptions": [
@@ -672,7 +693,9 @@ def payload(scene, rows, device, warmup, steps, setup_s, truncated, small) -> Di
             "steps in gsplat's default schedule; gsplat's distributed mode never rebalances)",
             "gsplat's distributed mode: same projection and rasterization kernels per rank as ours (both use "
             "gsplat 1.5.3's CUDA kernels), so the same measured stage times; only its exchange differs "
-            "(collectives, bytes, host reads per `gsplat`)",
+            "(collectives, bytes, host reads per `gsplat`); its W = 1 baseline runs without the distributed "
+            "path, so without our packing stage (at W > 1 its concatenations and id offsets are taken to cost "
+            "what our packing costs)",
             "data loading, evaluation and logging are off the step (prefetched images)",
             "links: " + "; ".join(f"{k}: {v['source']}" for k, v in LINKS.items()),
         ],

@@ -43,6 +43,9 @@ def test_model_step_is_slowest_a_plus_c_plus_slowest_b_plus_exchange():
     xg = (1e3 * (7 * 1e-5 + 3 * 2e-5 + 12 * sg.HOST_READ_S)
           + 1e3 * (1000 * 64 + 1 * (100 + 8)) / 1e9 + 1e3 * 1000 * 40 / 1e9)
     assert gs["exchange_ms"] == pytest.approx(xg, rel=1e-12)
+    # gsplat on one GPU has no packing stage: A + C of s0 without its 1 ms of packing, and B
+    one = sg.model_step(_rec([s0], [0], [0]), LINK, "gsplat")
+    assert (one["step_ms"], one["exchange_ms"]) == (pytest.approx(3 + 4 + 10), 0.0)
 
 
 def test_speedups_are_w_times_t1_over_tw_per_batch():
