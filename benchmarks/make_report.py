@@ -329,7 +329,7 @@ def section_gpu_model(d) -> str:
     out.append(md_table(["W", "batch/rank", "compute ms (max ranks)", "NVLink step ms", "MB sent (busiest rank)",
                          "compute-only speedup", "ours NVLink", "ours PCIe 5", "ours PCIe 4", "gsplat NVLink",
                          "gsplat PCIe 4"], rows))
-    stages = [k for k in ("activate", "project", "pack", "exchange_copy_fwd", "raster_fwd", "loss_fwd", "raster_bwd",
+    stages = [k for k in ("activate", "project", "pack", "exchange_copy_fwd", "unpack", "raster_fwd", "loss_fwd", "raster_bwd",
                           "exchange_copy_bwd", "project_bwd", "adam", "densify")]
     srows = []
     for (W, b), r in sorted(gpu_rows(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):

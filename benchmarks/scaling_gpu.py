@@ -12,7 +12,8 @@ packed payload, and times on the device, per rank:
     A  activate (exp/sigmoid/normalize of the raw parameters)
        project (distsplat.render.project: gsplat's fully_fused_projection + SH per pair)
        pack (validation, status, checksum, sort by destination, payload, counts) + count read
-    B  rasterize own cameras forward (unpack + isect + rasterize), loss, backward to the payload
+    B  unpack the received payload, rasterize own cameras forward (isect + rasterize), loss,
+       backward to the payload
     C  backward through the projection, Adam, densification bookkeeping (strategy hooks)
 
 The virtual all-to-all (the receiving rank's torch.cat of every rank's rows for it) is
@@ -63,39 +64,40 @@ T_START = time.perf_counter()
 LINKS: Dict[str, Dict[str, Any]] = {
     "nvlink_h100": {
         "bandwidth_Bps": 350e9, "latency_s": 20e-6, "host_sync_s": 15e-6,
-        "source": ("NVIDIA H100 SXM5 datasheet: NVLink 4 900 GB/s bidirectional per GPU (450 GB/s per "
-                   "direction, 18 links x 25 GB/s); NCCL all-to-all over NVSwitch reaches ~75-80% of that "
-                   "(nccl-tests alltoall_perf bus bandwidth on DGX H100, large messages: ~340-370 GB/s, "
-                   "as reported in NVIDIA's NCCL performance talks and public nccl-tests logs); 350 GB/s "
-                   "used. Latency: nccl-tests small-message (<=64 KiB) all-to-all on 8xH100 NVSwitch "
-                   "~15-25 us; 20 us used. Host sync: one cudaMemcpy D2H of a few bytes + stream sync "
-                   "~10-20 us (CUDA runtime); 15 us used"),
+        "source": ("H100 SXM5: NVLink 4, 900 GB/s bidirectional per GPU = 450 GB/s per direction (NVIDIA H100 "
+                   "datasheet; also docs.scaleway.com H100 migration page); measured GPU-to-GPU: 380 GB/s per "
+                   "direction, 749 GB/s bidirectional (CUDA samples p2pBandwidthLatencyTest on H100 SXM, "
+                   "github.com/NVIDIA/nccl/issues/1264); an NCCL all-to-all moves (W-1)/W of its bytes to peers "
+                   "and reaches somewhat less than a point-to-point copy: 350 GB/s per direction ASSUMED. "
+                   "Latency 20 us per small NCCL collective on one NVSwitch node (ASSUMED, nccl-tests small-message "
+                   "times are ~10-30 us); host sync 15 us (a D2H read of a few bytes + stream sync, ASSUMED)"),
     },
     "pcie5": {
         "bandwidth_Bps": 40e9, "latency_s": 30e-6, "host_sync_s": 15e-6,
-        "source": ("PCIe 5.0 x16: 64 GB/s per direction raw (PCI-SIG, 32 GT/s x 16 lanes, 128b/130b), "
-                   "~50 GB/s achievable for GPU P2P copies; an all-to-all through one switch/root "
-                   "complex shares uplinks: 40 GB/s per GPU used (H100 PCIe). Latency ~30 us per small "
-                   "NCCL collective over PCIe (nccl-tests on PCIe systems)"),
+        "source": ("PCIe 5.0 x16: 64 GB/s per direction raw (128 GB/s bidirectional, the H100 PCIe figure on "
+                   "docs.scaleway.com's H100 page); nccl-tests all_reduce bus bandwidth on 8xH100 PCIe without "
+                   "NVLink: 35-45 GB/s (docs.alayanew.com, 'NCCL-tests in practice', 2026-05-06): 40 GB/s used. "
+                   "Latency 30 us per small collective (ASSUMED)"),
     },
     "pcie4": {
         "bandwidth_Bps": 20e9, "latency_s": 40e-6, "host_sync_s": 15e-6,
-        "source": ("PCIe 4.0 x16: 32 GB/s per direction raw (PCI-SIG, 16 GT/s x 16), ~25 GB/s achievable "
-                   "P2P; 20 GB/s per GPU used for an all-to-all (A100 PCIe / consumer boards without "
-                   "NVLink). Latency ~40 us per small NCCL collective"),
+        "source": ("PCIe 4.0 x16: 32 GB/s per direction raw, half of PCIe 5.0 (PCI-SIG: 16 vs 32 GT/s per "
+                   "lane); half the PCIe 5.0 figure above: 20 GB/s per GPU used (A100 PCIe / boards without "
+                   "NVLink). Latency 40 us per small collective (ASSUMED)"),
     },
 }
 ANCHORS = {
     "gsplat_docs_4gpu": {
         "speedup": 3.12,
-        "source": ("gsplat documentation, 'Batch / Distributed training' (docs.gsplat.studio, examples/"
-                   "simple_trainer.py): 4 GPUs with --steps_scaler 0.25 on Mip-NeRF 360 (30k steps) trains "
-                   "3.12x faster than 1 GPU at similar quality"),
+        "source": ("gsplat v1.5.3 docs/source/tests/eval.rst (docs.gsplat.studio, 'Evaluation'): Mip-NeRF 360, "
+                   "7 scenes, 30k steps: 1 GPU 35m49s vs 4 GPUs 11m28s (= 3.12x; examples/benchmarks/"
+                   "basic_4gpus.sh, --steps_scaler 0.25: 4 GPUs x 1 image = batch 4, 7.5k steps); wall time "
+                   "of the whole run (densification, evaluation included)"),
     },
     "grendel_4xA100_bs4": {
         "speedup": 4.07,
         "source": ("Grendel-GS (Zhao et al., 'On Scaling Up 3D Gaussian Splatting Training', arXiv:2406.18533, "
-                   "ICLR 2025): 4.07x throughput at batch size 4 on 4 A100 GPUs vs 1 GPU at batch 1"),
+                   "github.com/nyu-systems/Grendel-GS): 4.07x throughput at batch size 4 on 4 A100 GPUs vs 1 GPU"),
     },
 }
 
@@ -171,24 +173,24 @@ class Clock:
 
 
 @contextlib.contextmanager
-def marked_projection(clock: Clock):
-    """Marks before and after `project` inside distributed.render._prepare, so that A splits
-    into projection and packing without copying _prepare."""
+def marked(clock: Clock, name: str, before: str, after: str):
+    """Marks before and after `distributed.render.<name>` (called inside _prepare /
+    _render_own), so a segment splits into stages without copying those functions."""
     import distsplat.distributed.render as dr
 
-    inner = dr.project
+    inner = getattr(dr, name)
 
     def timed(*args, **kwargs):
-        clock.mark("pack")  # validation, status, checksum before the projection
+        clock.mark(before)
         out = inner(*args, **kwargs)
-        clock.mark("project")
+        clock.mark(after)
         return out
 
-    dr.project = timed
+    setattr(dr, name, timed)
     try:
         yield
     finally:
-        dr.project = inner
+        setattr(dr, name, inner)
 
 
 # ------------------------------------------------------------------------------ scene
@@ -370,7 +372,8 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
         clock.start()
         g = activated(t.params, sh)
         clock.mark("activate")
-        with virtual_rank(r, W), marked_projection(clock):
+        # before the projection: validation, status, checksum (counted as packing)
+        with virtual_rank(r, W), marked(clock, "project", "pack", "project"):
             local = _prepare(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
                              t.viewmats[cams], t.Ks[cams], t.width, t.height, owner,
                              sh, packed, backend, True, opts, [], None)
@@ -401,8 +404,9 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
         s = st[d]
         own_idx = s["batch"].own(d).to(t.device)
         clock.start()
-        colors, _ = _render_own(received[d], own_idx, torch.float32, t.width, t.height,
-                                s["backend"], s["opts"])
+        with marked(clock, "_unpack", "raster_fwd", "unpack"):
+            colors, _ = _render_own(received[d], own_idx, torch.float32, t.width, t.height,
+                                    s["backend"], s["opts"])
         clock.mark("raster_fwd")
         loss = photometric_loss(colors, s["gt"], t.cfg.ssim_lambda) / s["n_cam"]
         clock.mark("loss_fwd")
@@ -453,7 +457,7 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
     }
 
 
-SEGMENTS = {"A": ("activate", "project", "pack"), "B": ("raster_fwd", "loss_fwd", "raster_bwd"),
+SEGMENTS = {"A": ("activate", "project", "pack"), "B": ("unpack", "raster_fwd", "loss_fwd", "raster_bwd"),
             "C": ("project_bwd", "adam", "densify")}
 
 
@@ -684,6 +688,9 @@ def payload(scene, rows, device, warmup, steps, setup_s, truncated, small) -> Di
         "ours": OURS, "gsplat": GSPLAT, "links": LINKS, "anchors": ANCHORS,
         "assumptions": [
             "one GPU per rank, each rank as fast as the one GPU measured here running that rank alone",
+            "the device is synchronized before every segment, so a stage's time includes the host's launch "
+            "gaps and no CPU run-ahead: absolute step times are upper bounds; ratios between W are what the "
+            "speedup uses",
             "every collective is a synchronization point; no overlap of exchange and compute (pessimistic "
             "for gsplat and us alike)",
             "the scene is SfM-initialised (test_garden replicated), not trained: a trained scene's Gaussians "
