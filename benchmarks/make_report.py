@@ -34,6 +34,7 @@ MEASURES: Dict[str, List[str]] = {
     "step_breakdown_cpu": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
     "step_breakdown_cuda": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
     "scaling_model": STEP + ["benchmarks/scaling_model.py", "benchmarks/procs.py"],
+    "scaling_gpu": STEP + ["benchmarks/scaling_gpu.py", "benchmarks/scaling_model.py"],
     "vs_gsplat_cpu": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
     "vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
     "render_cpu": ["distsplat/render", "benchmarks/bench_render.py"],
@@ -254,10 +255,11 @@ def model_runs(model) -> List[Dict[str, Any]]:
     return runs
 
 
-def headline(smoke, quick, vs_cpu, vs_gpu, bd) -> List[str]:
-    """The measured numbers people ask for, each with where it comes from. Model predictions
-    are not headlined: they live in their own section below the measured tables."""
-    out = ["## Headline (measured)", ""]
+def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
+    """The measured numbers people ask for, each with where it comes from. The one model
+    prediction headlined is the GPU-timed scaling (scaling_gpu.json), labelled as such; the
+    CPU-derived one lives in its own section below the measured tables."""
+    out = ["## Headline (measured, except the line labelled a prediction)", ""]
     if quick is not None:
         out.append(f"- README quick start (`quickstart_cpu.json`{stale_mark(quick)}): 2 CPU ranks, 600 steps, "
                    f"PSNR {quick['psnr']:.2f} dB, SSIM {quick['ssim']:.3f}, {quick['wall_s']:.0f} s launch to exit.")
@@ -278,21 +280,97 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd) -> List[str]:
                    f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f} MB sent by all ranks, "
                    f"{r['host_reads_per_step']} host reads of tensor values (by phase: "
                    f"{', '.join(f'{k} {v}' for k, v in r['host_reads_per_step_by_phase'].items())}){stale_mark(bd)}.")
-    out.append("- Multi-GPU speedup: **not measured** (no GPU run yet); the CPU-derived model's prediction "
-               "and its spread are in the last section.")
+    if gpu_model is not None and gpu_rows(gpu_model):
+        out.append("- " + gpu_headline(gpu_model))
+    else:
+        out.append("- Multi-GPU speedup: **not measured** (no GPU run yet); the CPU-derived model's prediction "
+                   "and its spread are in the last section.")
     return out + [""]
 
 
-def section_prediction(model) -> str:
-    """The model's GPU prediction, with its assumptions and its spread over recorded runs."""
+def gpu_rows(d) -> Dict[Any, Dict[str, Any]]:
+    return {(r["W"], r["batch_per_rank"]): r for r in d["results"] if "speedup" in r["predicted"]["ours"]["nvlink_h100"]}
+
+
+def gpu_headline(d) -> str:
+    """One line: the predicted 4-GPU throughput speedups (ours and gsplat's), what they assume."""
+    rows = gpu_rows(d)
+    W = 4 if any(k[0] == 4 for k in rows) else max(k[0] for k in rows)
+    parts = []
+    for b in sorted({k[1] for k in rows if k[0] == W}, reverse=True):
+        p = rows[(W, b)]["predicted"]
+        parts.append(f"batch {b} per rank: **{p['ours']['nvlink_h100']['speedup']:.2f}x with NVLink**, "
+                     f"{p['ours']['pcie4']['speedup']:.2f}x over PCIe 4.0 (gsplat's distributed mode, same "
+                     f"kernels: {p['gsplat']['nvlink_h100']['speedup']:.2f}x / {p['gsplat']['pcie4']['speedup']:.2f}x)")
+    a = d["anchors"]
+    return (f"{W}-GPU speedup, **a prediction** (not measured on {W} GPUs; `scaling_gpu.json`{stale_mark(d)}): "
+            f"each virtual rank's stages timed on one {d['device']} ({d['scene']['gaussians']:,} Gaussians, "
+            f"{d['scene']['width']}x{d['scene']['height']}), exchange priced from stated link figures: "
+            + "; ".join(parts) + f". Published: gsplat docs {a['gsplat_docs_4gpu']['speedup']}x (4 GPUs), "
+            f"Grendel-GS {a['grendel_4xA100_bs4']['speedup']}x (4xA100, batch 4). Largest uncertainty: "
+            + d["largest_uncertainty"].split(". ")[0] + ". Details in the GPU-timed scaling section.")
+
+
+def section_gpu_model(d) -> str:
+    """The GPU-timed scaling prediction: per W and batch, stage times, bytes, predicted speedups."""
+    if d is None or not gpu_rows(d):
+        return ""
+    out = [f"## GPU-timed scaling prediction (`scaling_gpu.py`){stale_mark(d)}", "",
+           f"A prediction, not a multi-GPU measurement. {d['timing']}. Scene: {d['scene']['source']}. "
+           f"Model: `{d['model']['step']}`; {d['model']['exchange']}; speedup {d['model']['speedup']}.", ""]
+    rows = []
+    for (W, b), r in sorted(gpu_rows(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        p = r["predicted"]
+        rows.append([W, b, f"{r['compute_only_step_ms']:.1f}", f"{p['ours']['nvlink_h100']['step_ms']:.1f}",
+                     f"{max(r['bytes_sent']) / 1e6:.1f}", f"{r['speedup_compute_only']:.2f}",
+                     f"{p['ours']['nvlink_h100']['speedup']:.2f}", f"{p['ours']['pcie5']['speedup']:.2f}",
+                     f"{p['ours']['pcie4']['speedup']:.2f}", f"{p['gsplat']['nvlink_h100']['speedup']:.2f}",
+                     f"{p['gsplat']['pcie4']['speedup']:.2f}"])
+    out.append(md_table(["W", "batch/rank", "compute ms (max ranks)", "NVLink step ms", "MB sent (busiest rank)",
+                         "compute-only speedup", "ours NVLink", "ours PCIe 5", "ours PCIe 4", "gsplat NVLink",
+                         "gsplat PCIe 4"], rows))
+    stages = [k for k in ("activate", "project", "pack", "exchange_copy_fwd", "unpack", "raster_fwd", "loss_fwd", "raster_bwd",
+                          "exchange_copy_bwd", "project_bwd", "adam", "densify")]
+    srows = []
+    for (W, b), r in sorted(gpu_rows(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        slow = max(r["per_rank_ms"], key=lambda s: s["A"] + s["B"] + s["C"])
+        srows.append([W, b] + [f"{slow.get(k, 0.0):.2f}" for k in stages])
+    out += ["", "Stage times (ms) of the slowest virtual rank (median over the timed steps):", "",
+            md_table(["W", "batch"] + stages, srows), "",
+            f"Exchange per step: ours {d['ours']['forward_collectives']} + {d['ours']['backward_collectives']} "
+            f"collectives, {gpu_rows(d)[next(iter(gpu_rows(d)))]['bytes_per_pair']} B per pair each way; gsplat "
+            f"{d['gsplat']['forward_collectives']} + {d['gsplat']['backward_collectives']} collectives, "
+            f"{d['gsplat']['bytes_per_pair_forward']} B per pair forward, {d['gsplat']['bytes_per_pair_backward']} B "
+            f"back ({d['gsplat']['source']}).", "", "Published anchors:", ""]
+    out += [f"- {v['speedup']}x: {v['source']}" for v in d["anchors"].values()]
+    out += ["", "Links (stated figures, not measured here):", ""]
+    out += [f"- `{k}`: {v['bandwidth_Bps'] / 1e9:g} GB/s, {1e6 * v['latency_s']:g} us per collective: {v['source']}"
+            for k, v in d["links"].items()]
+    out += ["", "Assumptions:", ""] + [f"- {a}" for a in d["assumptions"]]
+    out += ["", f"Largest uncertainty: {d['largest_uncertainty']}"]
+    if d.get("truncated"):
+        out += ["", f"Truncated run: {'; '.join(d['truncated'])}."]
+    out += ["", provenance(d), ""]
+    return "\n".join(out)
+
+
+def section_prediction(model, gpu_model=None) -> str:
+    """The model's CPU-derived GPU prediction, with its assumptions and its spread over
+    recorded runs; once a GPU-timed one exists, kept as the model's CPU validation."""
     if model is None:
         return ""
     runs = model_runs(model)
     W = model["results"][-1]["W"]
     nv = [r["speedup_nvlink"] for r in runs if r["W"] == W]
     pc = [r["speedup_pcie4"] for r in runs if r["W"] == W]
-    out = [f"## Predicted {W}-GPU speedup (a model prediction, not a measurement)", "",
-           f"No GPU has timed distsplat yet. `scaling_model.py` times each rank's work on this CPU and divides "
+    timed = gpu_model is not None and bool(gpu_rows(gpu_model))
+    title = (f"## CPU-derived {W}-GPU prediction (superseded by the GPU-timed one; kept as the model's CPU validation)"
+             if timed else f"## Predicted {W}-GPU speedup (a model prediction, not a measurement)")
+    lead = ("The GPU-timed prediction (`scaling_gpu.json`, above) replaces this one; the scaling model itself is "
+            "validated on this CPU against real gloo processes (scaling model section). "
+            if timed else "No GPU has timed distsplat yet. ")
+    out = [title, "",
+           f"{lead}`scaling_model.py` times each rank's work on this CPU and divides "
            f"it by an assumed GPU_FACTOR ({model['gpu_factor']:g}: how much faster a GPU runs a rank's compute "
            "than one CPU core runs the torch backend), then adds modelled NVLink / PCIe exchanges (the "
            "assumptions are listed in the scaling model section above). Across the "
@@ -372,6 +450,7 @@ def plot(breakdown, model) -> Optional[Path]:
 def main() -> int:
     smoke, bd_cpu, bd_gpu = load("cpu_smoke"), load("step_breakdown_cpu"), load("step_breakdown_cuda")
     model, vs_cpu, vs_gpu = load("scaling_model"), load("vs_gsplat_cpu"), load("vs_gsplat_cuda")
+    gpu_model = load("scaling_gpu")
     quick = load("quickstart_cpu")
     png = plot(bd_cpu, model)
     parts = [
@@ -380,20 +459,22 @@ def main() -> int:
         "Generated by `python benchmarks/make_report.py` from `benchmarks/results/*.json`; do not edit.",
         "Every number below was measured on the machine named under its table. Unless a table says "
         "GPU, that is a CPU-only machine: ranks are gloo processes sharing its cores and the renderer "
-        "is the pure-PyTorch backend, so absolute times say nothing about GPUs. GPU figures are "
-        "model predictions with the assumptions listed, in the last section, until a GPU run replaces them. "
+        "is the pure-PyTorch backend, so absolute times say nothing about GPUs. Multi-GPU figures are "
+        "model predictions with the assumptions listed: "
+        + ("from stages timed on one GPU (`scaling_gpu.json`), and the CPU-derived one in the last section. "
+           if gpu_model is not None else "in the last section, until a GPU run replaces them. ") +
         "A result whose measured code changed after its commit is marked STALE.",
         "",
     ]
-    parts += headline(smoke, quick, vs_cpu, vs_gpu, bd_cpu)
+    parts += headline(smoke, quick, vs_cpu, vs_gpu, bd_cpu, gpu_model)
     parts += [section_smoke(smoke), section_breakdown(bd_cpu, "cpu")]
     parts += [section_breakdown(bd_gpu, "cuda") if bd_gpu else
               "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/step_breakdown.py` "
               "on a CUDA machine runs W = 1 on the GPU).\n"]
-    parts += [section_gsplat(vs_cpu, vs_gpu), section_model(model)]
+    parts += [section_gsplat(vs_cpu, vs_gpu)] + [s for s in [section_gpu_model(gpu_model)] if s] + [section_model(model)]
     if png is not None:
         parts += [f"![scaling]({png.relative_to(HERE).as_posix()})", ""]
-    parts += [section_prediction(model), section_files()]
+    parts += [section_prediction(model, gpu_model), section_files()]
     REPORT.write_text("\n".join(parts).rstrip() + "\n")
     stale = [p.name for p in sorted(RESULTS.glob("*.json"))
              if p.stem != "scaling_model_history" and load(p.stem)["_stale"]]
