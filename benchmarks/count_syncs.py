@@ -12,8 +12,9 @@ Python line that caused them. Three steps are counted, each after warm-up steps:
     gsplat      the same render written with gsplat.rasterization(packed=True), + backward
 
 The claim this checks (distsplat/distributed/render.py): the distributed layer adds ONE
-sync per forward (the count transfer); gsplat's packed projection and isect_tiles each do
-one .item() of their own.
+sync per forward (the count transfer); gsplat's packed projection does one .item() of its
+own (the debug mode does not report isect_tiles' .item()); the trainer adds one read of the
+divergence check (train/faults.py, --max_bad_steps).
 
 Needs a CUDA GPU. Environment: SCENE (a COLMAP folder; default $DISTSPLAT_DATA/thermos,
 else the built-in synthetic scene), DATA_FACTOR (2), WARMUP (3). Writes
@@ -46,7 +47,7 @@ def count_syncs(fn: Callable[[], object]) -> Dict[str, object]:
     caught = []
 
     def hook(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message).lower():
+        if "synchronizing CUDA operation" in str(message):  # not the debug mode's own notice
             stack = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
                      for f in traceback.extract_stack()[:-1]]
             caught.append((filename, lineno, stack[-8:]))
@@ -121,8 +122,9 @@ def main() -> None:
         "scene": scene or "built-in synthetic", "data_factor": cfg.data_factor,
         "gaussians": trainer.n_all, "image": [trainer.width, trainer.height],
         "counted_step": warmup, "syncs": results,
-        "claim": ("distsplat's distributed layer adds one sync per forward (the count transfer); "
-                  "gsplat's packed projection and isect_tiles each do one .item() of their own"),
+        "claim": ("distsplat's distributed layer adds one sync per forward (the count transfer); gsplat's "
+                  "packed projection does one .item() of its own (its isect_tiles' .item() is not reported "
+                  "by the debug mode); the trainer adds the divergence check's one read (--max_bad_steps)"),
     }
     path = write_result("host_syncs_cuda", payload)
     print("host syncs per step: " + ", ".join(f"{k} {v['count']}" for k, v in results.items()) + f" -> {path}")

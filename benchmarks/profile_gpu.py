@@ -15,7 +15,7 @@ Three measurements, one process, one GPU:
 
     python benchmarks/profile_gpu.py [TABLE_DIR]
 Environment: N (1000000), REPS (5), SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu),
-WARM (50), STEPS (200). Writes benchmarks/results/profile_gpu_cuda.json, the tables to
+PROFILE_WARM (100), PROFILE_STEPS (300). Writes benchmarks/results/profile_gpu_cuda.json, the tables to
 TABLE_DIR (default: a temporary folder), and prints one summary line.
 """
 
@@ -172,7 +172,7 @@ def main() -> None:
     render = profile_render(table_dir, int(os.environ.get("N", 1_000_000)), int(os.environ.get("REPS", 5)))
     print("render: " + ", ".join(f"{k} {v['wall_ms']:.2f} ms" for k, v in render["runs"].items()), flush=True)
     trainer = profile_trainer(table_dir, scene, int(os.environ.get("DATA_FACTOR", 1)), caches,
-                              int(os.environ.get("WARM", 50)), int(os.environ.get("STEPS", 200)))
+                              int(os.environ.get("PROFILE_WARM", 100)), int(os.environ.get("PROFILE_STEPS", 300)))
     path = write_result("profile_gpu_cuda", {"scene": scene, "render": render, "trainer": trainer,
                                              "tables": "printed by the run (key_averages, cProfile)"})
     print("profile: render " + ", ".join(f"{k} {v['wall_ms']:.2f} ms" for k, v in render["runs"].items())

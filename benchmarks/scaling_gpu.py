@@ -349,7 +349,7 @@ def virtual_rank_trainer(scene: Dict[str, Any], W: int, r: int, b: int, device: 
 
 def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
     """One step of W virtual ranks; per-rank stage times (ms) and the exchange's sizes."""
-    from distsplat.distributed.render import _RENDER_DEFAULTS, _prepare, _render_own
+    from distsplat.distributed.render import PAYLOAD_FIXED, _RENDER_DEFAULTS, _prepare, _rasterize_own, _render_own
     from distsplat.render import make_meta
     from distsplat.train.gaussians import activated
     from distsplat.train.losses import photometric_loss
@@ -374,9 +374,10 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
         clock.mark("activate")
         # before the projection: validation, status, checksum (counted as packing)
         with virtual_rank(r, W), marked(clock, "project", "pack", "project"):
+            # W = 1: distributed_rasterize's direct path (no payload, rendered from the pairs)
             local = _prepare(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
                              t.viewmats[cams], t.Ks[cams], t.width, t.height, owner,
-                             sh, packed, backend, True, opts, [], None)
+                             sh, packed, backend, True, opts, [], None, False, W > 1)
         if local.error is not None:
             raise local.error
         counts = local.counts.tolist()  # the one host read of the real count exchange
@@ -390,11 +391,11 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
 
     # The all-to-all as a device copy: rank d receives, in source-rank order, every rank's
     # rows for d. Timed: the floor of the exchange (every received byte written once).
-    F = st[0]["local"].payload.shape[1]
-    itemsize = st[0]["local"].payload.element_size()
-    pieces = [s["local"].payload.detach().split(s["counts"]) for s in st]
+    F = PAYLOAD_FIXED + st[0]["local"].pairs.colors.shape[-1]
+    itemsize = 4  # float32 payload
+    pieces = [s["local"].payload.detach().split(s["counts"]) for s in st] if W > 1 else []
     received = []
-    for d in range(W):
+    for d in range(W if W > 1 else 0):
         clock.start()
         received.append(torch.cat([pieces[r][d] for r in range(W)]).requires_grad_())
         clock.mark("copy")
@@ -404,9 +405,12 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
         s = st[d]
         own_idx = s["batch"].own(d).to(t.device)
         clock.start()
-        with marked(clock, "_unpack", "raster_fwd", "unpack"):
-            colors, _ = _render_own(received[d], own_idx, torch.float32, t.width, t.height,
-                                    s["backend"], s["opts"])
+        if W == 1:
+            colors, _ = _rasterize_own(s["local"].pairs, None, own_idx, t.width, t.height, s["backend"], s["opts"])
+        else:
+            with marked(clock, "_unpack", "raster_fwd", "unpack"):
+                colors, _ = _render_own(received[d], own_idx, torch.float32, t.width, t.height,
+                                        s["backend"], s["opts"])
         clock.mark("raster_fwd")
         loss = photometric_loss(colors, s["gt"], t.cfg.ssim_lambda) / s["n_cam"]
         clock.mark("loss_fwd")
@@ -416,7 +420,7 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
         stages[d].pop("start", None)
 
     grads = []
-    for r in range(W):  # the reverse all-to-all as a device copy, timed like the forward one
+    for r in range(W if W > 1 else 0):  # the reverse all-to-all as a device copy, timed like the forward one
         clock.start()
         grads.append(torch.cat([received[d].grad.split([st[q]["counts"][d] for q in range(W)])[r]
                                 for d in range(W)]))
@@ -426,14 +430,16 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
     for r, t in enumerate(trainers):  # C: backward through the projection, Adam, densification
         s, cfg = st[r], t.cfg
         clock.start()
-        outs, gs = [s["local"].payload], [grads[r]]
+        # W = 1: B's backward already ran through the projection (no payload in between)
+        outs, gs = ([s["local"].payload], [grads[r]]) if W > 1 else ([], [])
         if cfg.opacity_reg > 0:
             outs.append(cfg.opacity_reg * s["g"]["opacities"].sum() / t.n_all)
             gs.append(torch.ones((), device=t.device))
         if cfg.scale_reg > 0:
             outs.append(cfg.scale_reg * s["g"]["scales"].sum() / (3 * t.n_all))
             gs.append(torch.ones((), device=t.device))
-        torch.autograd.backward(outs, gs)
+        if outs:
+            torch.autograd.backward(outs, gs)
         clock.mark("project_bwd")
         lr = t._means_lr(step)
         t.optimizers["means"].param_groups[0]["lr"] = lr

@@ -14,7 +14,8 @@
 # is non-zero when any check failed. Each check runs under `timeout` so that a hang costs its
 # own budget, never the whole call.
 #
-# Environment: OUT, STEPS (the default_7k / mcmc_7k trainings, default 7000), TRAIN_LIMIT (their
+# Environment: OUT, DEADLINE_S (570: the whole call's time; checks are cut or skipped to
+# leave the archives time), STEPS (the default_7k / mcmc_7k trainings, default 7000), TRAIN_LIMIT (their
 # time limit, 240 s), DATA_FACTOR (thermos, 1 = 946x532).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -31,9 +32,16 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 
 # check NAME SECONDS CMD...: runs CMD with a time limit, its output in $LOGS/NAME.log.
 check() {
-    local name="$1" limit="$2" start rc
+    local name="$1" limit="$2" start rc left
     shift 2
     start=$(date +%s)
+    # The whole call ends by DEADLINE_S (the device's per-call limit): a check gets what is
+    # left of it, less the time to pack the archives, or is skipped.
+    left=$(( ${DEADLINE_S:-570} - (start - T0) - 15 ))
+    if [ "$left" -lt 20 ]; then
+        note "SKIP $name (the call's ${DEADLINE_S:-570} s are nearly spent)"; FAILED=1; return 124
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     timeout --kill-after=10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
     if [ "$rc" -eq 0 ]; then
@@ -80,12 +88,26 @@ train() {  # train NAME LIMIT NPROC [ENV=VAL ...] -- TRAINER ARGS...
     local envs=()
     while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
+    local t0=$(date +%s)
     check "$name" "$limit" env "${envs[@]}" $PY -m torch.distributed.run --standalone --nproc_per_node="$nproc" \
         examples/simple_trainer.py "$@" --disable_viewer --result_dir "/tmp/runs/$name"
-    local stats
+    local wall=$(( $(date +%s) - t0 )) stats
     stats=$(ls /tmp/runs/"$name"/stats/val_step*.json 2>/dev/null | tail -n 1)
-    [ -n "$stats" ] && note "  $name: $($PY -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('step','psnr','ssim','num_GS','elapsed') if k in d})" "$stats")"
-    mkdir -p benchmarks/results/runs && [ -n "$stats" ] && cp "$stats" "benchmarks/results/runs/$name.json"
+    [ -n "$stats" ] || return 0
+    # The run's record: the eval stats, rank 0's peak GPU memory, the launch-to-exit time.
+    mkdir -p benchmarks/results/runs
+    note "  $name: $($PY - "$stats" "benchmarks/results/runs/$name.json" "$wall" "$*" <<'PYEOF'
+import glob, json, os, sys
+stats, out, wall, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+d = json.load(open(stats))
+train = sorted(glob.glob(os.path.join(os.path.dirname(stats), "train_step*_rank0.json")))
+if train:
+    d["peak_gpu_mem_gib"] = json.load(open(train[-1])).get("mem")
+d.update(launch_to_exit_s=wall, trainer_args=args, commit=os.environ.get("DISTSPLAT_COMMIT"))
+json.dump(d, open(out, "w"), indent=2)
+print({k: d[k] for k in ("step", "psnr", "ssim", "num_GS", "elapsed", "peak_gpu_mem_gib", "launch_to_exit_s") if k in d})
+PYEOF
+)"
     return 0
 }
 
@@ -118,9 +140,17 @@ run_check() {  # one named check (or group) of the validation
         train "${strategy}_thermos_${STEPS:-7000}" "${TRAIN_LIMIT:-240}" 1 -- "$strategy" --data_dir "$THERMOS" \
             --data_factor "${DATA_FACTOR:-1}" --max_steps "${STEPS:-7000}" --eval_steps "${STEPS:-7000}" \
             --save_steps "${STEPS:-7000}" --cache gpu ;;
+    peer_default|peer_mcmc)  # gsplat's own simple_trainer on the same capture (benchmarks/gsplat_peer.py;
+                             # carry .gsplat_peer too)
+        local strategy=${1#peer_}
+        check "gsplat_peer_${strategy}" "${TRAIN_LIMIT:-240}" $PY benchmarks/gsplat_peer.py "$strategy" \
+            --data_dir "$THERMOS" --data_factor "${DATA_FACTOR:-1}" --max_steps "${STEPS:-7000}" \
+            --eval_steps "${STEPS:-7000}" --save_steps "${STEPS:-7000}" --disable_viewer --disable_video \
+            --result_dir "/tmp/runs/peer_${strategy}"
+        note "  $(grep -a '^gsplat_peer: {' "$LOGS/gsplat_peer_${strategy}.log" | tail -n 1)" ;;
     1) for c in tests syncs small vs_gsplat default_1k; do run_check $c; done ;;
     2) for c in vs_gsplat default_7k mcmc_7k; do run_check $c; done ;;
-    *) echo "unknown check '$1' (tests syncs small vs_gsplat profile default_1k default_7k mcmc_7k, or 1, 2)" >&2
+    *) echo "unknown check '$1' (tests syncs small vs_gsplat profile default_1k default_7k mcmc_7k peer_default peer_mcmc, or 1, 2)" >&2
        FAILED=1 ;;
     esac
 }

@@ -9,12 +9,19 @@
 Host syncs: this layer adds exactly ONE device->host sync per forward (the count
 transfer) and none in backward, and no pageable host->device copy: the own-camera
 indices are built on the device from the owners it already holds. The render stages have
-their own; with backend gsplat and packed=True, two per forward, both in gsplat 1.5.3's
-C++ behind its _wrapper.py: `fully_fused_projection(packed=True)` ->
-`_FullyFusedProjectionPacked.forward` -> `projection_ewa_3dgs_packed_fwd`
-(csrc/Projection.cpp: `block_accum[-1].item<int32_t>()`, the pair count) and
-`isect_tiles` -> `intersect_tile` (csrc/Intersect.cpp: `cum_tiles_per_gauss[-1].item<int64_t>()`,
-the intersection count), each skipped when there is nothing to project or intersect.
+their own; with backend gsplat and packed=True, in gsplat 1.5.3's C++ behind its
+_wrapper.py: `fully_fused_projection(packed=True)` -> `_FullyFusedProjectionPacked.forward`
+-> `projection_ewa_3dgs_packed_fwd` (csrc/Projection.cpp: `block_accum[-1].item<int32_t>()`,
+the pair count) and `isect_tiles` -> `intersect_tile` (csrc/Intersect.cpp:
+`cum_tiles_per_gauss[-1].item<int64_t>()`, the intersection count), each skipped when there
+is nothing to project or intersect. CUDA's sync debug mode reports the first only (H100,
+torch 2.11: tests/cuda/test_distributed_cuda.py, benchmarks/count_syncs.py).
+
+One rank (W=1) packs no payload: its pairs are rendered as they are. At W > 1 the pairs
+are packed into one payload whose rows move to their destination's block by per-camera
+arithmetic (no sort) and are put in camera order on arrival by one sort of camera ids;
+each direction moves every row once, forward and backward (no indexing backward, which
+on CUDA sorts its indices).
 (packed=False: the dense projection has none, the render layer's `nonzero` has one.)
 Shared-GPU mode (staging.py) adds one sync per staged payload all-to-all, forward and
 backward, at W > 1. meta["comm"]["host_syncs"] counts this layer's syncs of the forward
@@ -95,9 +102,63 @@ def _local_camera_ids(owner: Tensor, W: int) -> Tensor:
     return (torch.cumsum(onehot, 0) - 1).gather(1, owner[:, None])[:, 0]
 
 
+PAYLOAD_FIXED = 10  # payload columns besides the D colour channels (and 2 absgrad ones)
+
+
+class _ScatterRows(torch.autograd.Function):
+    """out[position[i]] = x[i] for a permutation `position` of x's rows; backward gathers
+    each gradient row from where its row went. Both directions move every row once:
+    indexing's own backward (an accumulating index_put) sorts the indices on CUDA."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, position: Tensor) -> Tensor:
+        ctx.save_for_backward(position)
+        return torch.empty_like(x).index_copy_(0, position, x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (position,) = ctx.saved_tensors
+        return grad.index_select(0, position), None
+
+
+class _GatherRows(torch.autograd.Function):
+    """x[order] for a permutation `order` of x's rows; backward: index_copy_ (no sort)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, order: Tensor) -> Tensor:
+        ctx.save_for_backward(order)
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (order,) = ctx.saved_tensors
+        return torch.empty_like(grad).index_copy_(0, order, grad), None
+
+
+def _destinations(camera_ids: Tensor, owner: Tensor, W: int) -> Tuple[Tensor, Tensor]:
+    """Pairs sorted by camera (the projection's order), owners [C] in [0, W) ->
+    counts [W] int64 (pairs for each rank) and position [M] int64: where each pair goes
+    when the payload is grouped by destination rank, cameras in batch order within a rank
+    (the order of a stable sort by owner). Per-camera arithmetic, no sort, no atomics:
+    a camera's block of pairs moves as a whole."""
+    C, M = owner.shape[0], camera_ids.shape[0]
+    device = camera_ids.device
+    cam_start = torch.searchsorted(camera_ids, torch.arange(C + 1, device=device))  # [C + 1]
+    per_cam = cam_start[1:] - cam_start[:-1]  # [C]
+    onehot = (owner[:, None] == torch.arange(W, device=device)).long()  # [C, W]
+    by_rank = onehot * per_cam[:, None]  # [C, W]
+    counts = by_rank.sum(0)  # [W]
+    # A camera's block starts after every lower rank's pairs and after the earlier
+    # cameras of its own rank.
+    earlier_same = (torch.cumsum(by_rank, 0) - by_rank).gather(1, owner[:, None])[:, 0]  # [C]
+    new_start = (torch.cumsum(counts, 0) - counts)[owner] + earlier_same  # [C]
+    position = torch.arange(M, device=device) + (new_start - cam_start[:-1])[camera_ids]  # [M]
+    return counts, position
+
+
 def _pack(pairs: Pairs, local_cam: Tensor, dtype: torch.dtype) -> Tensor:
     """Pairs -> one [M, F] float payload: means2d(2) depths(1) conics(3) opacities(1)
-    colors(D) local camera(1) radii(2). F = 10 + D."""
+    colors(D) local camera(1) radii(2). F = PAYLOAD_FIXED + D."""
     radii = pairs.radii.clamp_max(FLOAT_EXACT_INT)  # a >16M px radius already covers any image
     return torch.cat([
         pairs.means2d.to(dtype), pairs.depths[:, None].to(dtype), pairs.conics.to(dtype),
@@ -106,21 +167,26 @@ def _pack(pairs: Pairs, local_cam: Tensor, dtype: torch.dtype) -> Tensor:
     ], dim=1)
 
 
-def _unpack(payload: Tensor, D: int, dtype: torch.dtype) -> Pairs:
-    """[M, F] payload -> Pairs of the receiving rank's own cameras, sorted by camera. The
-    Gaussian ids are unknown here (-1): stage (b) never reads them."""
-    means2d, depths, conics, opac, colors, cam, radii = torch.split(payload, [2, 1, 3, 1, D, 1, 2], 1)
-    cam = cam[:, 0].long()
+def _unpack(payload: Tensor, D: int, dtype: torch.dtype, absgrad: bool = False
+            ) -> Tuple[Pairs, Optional[Tensor]]:
+    """[M, F] payload -> Pairs of the receiving rank's own cameras, sorted by camera, and
+    (absgrad) the senders' sinks in the same order. The Gaussian ids are unknown here
+    (-1): stage (b) never reads them."""
     # Arrivals are ordered (source rank, camera, Gaussian); a stable sort by camera gives
     # (camera, source rank, Gaussian) = (camera, global Gaussian id) for contiguous chunks,
-    # the order of the one-process render.
-    order = torch.argsort(cam, stable=True)
-    return Pairs(
-        camera_ids=cam[order], gaussian_ids=torch.full_like(cam, -1),
-        radii=radii[order].to(torch.int32), means2d=means2d[order].to(dtype),
-        depths=depths[order, 0].to(dtype), conics=conics[order].to(dtype),
-        opacities=opac[order, 0].to(dtype), colors=colors[order].to(dtype),
+    # the order of the one-process render. int32 keys: half the radix passes of int64.
+    cam_col = payload[:, PAYLOAD_FIXED - 3 + D].detach()
+    order = torch.argsort(cam_col.to(torch.int32), stable=True)
+    rows = _GatherRows.apply(payload, order)
+    parts = torch.split(rows, [2, 1, 3, 1, D, 1, 2] + ([2] if absgrad else []), 1)
+    means2d, depths, conics, opac, colors, cam, radii = parts[:7]
+    pairs = Pairs(
+        camera_ids=cam[:, 0].long(), gaussian_ids=torch.full_like(cam[:, 0], -1, dtype=torch.int64),
+        radii=radii.to(torch.int32), means2d=means2d.to(dtype),
+        depths=depths[:, 0].to(dtype), conics=conics.to(dtype),
+        opacities=opac[:, 0].to(dtype), colors=colors.to(dtype),
     )
+    return pairs, (parts[7].to(dtype) if absgrad else None)
 
 
 def _device_status(
@@ -222,9 +288,13 @@ def distributed_rasterize(
     syncs_before = staging.host_syncs()
     opts = dict(_RENDER_DEFAULTS)
     opts.update(render_kwargs)
+    # One rank: its pairs are its own cameras' pairs already; no payload is packed, moved
+    # or unpacked (stage b reads the projection's pairs as they are).
+    direct = W == 1
     local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
                      camera_owner, sh_degree, packed, backend, check_cameras, opts,
-                     sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group, absgrad)
+                     sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group, absgrad,
+                     pack=not direct)
     # The grad column also says whether the payload carries absgrad columns (bit 1).
     grad_flag = int(local.needs_grad) + 2 * int(local.needs_grad and absgrad)
     send = torch.stack([
@@ -235,17 +305,22 @@ def distributed_rasterize(
     _raise_if_failed(host, W, check_cameras, local.error)
 
     send_splits, recv_splits = host.send_splits, host.recv_splits
-    received = ex.all_to_all(local.payload, send_splits, recv_splits, group)  # [M_recv, F]
     n_own = sum(1 for o in host.extra if o == me)
     # Batch positions of the own cameras, in order, built on the device from the owners
     # already there (a stable sort puts them first): no host->device copy, no sync.
     own_idx = torch.argsort((local.owner != me).long(), stable=True)[:n_own]  # [C_own]
-    render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
-                                               local.backend, opts, grad_flag >= 2)
+    if direct:  # every camera is this rank's, in batch order: camera_ids are own ids
+        render_colors, render_alphas = _rasterize_own(local.pairs, local.sink, own_idx, width, height,
+                                                      local.backend, opts)
+    else:
+        received = ex.all_to_all(local.payload, send_splits, recv_splits, group)  # [M_recv, F]
+        render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
+                                                   local.backend, opts, grad_flag >= 2)
 
     meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
     meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
-    F, itemsize = local.payload.shape[1], local.payload.element_size()
+    F = PAYLOAD_FIXED + local.pairs.colors.shape[-1] + (2 if grad_flag >= 2 else 0)
+    itemsize = torch.promote_types(means.dtype, torch.float32).itemsize
     meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, local.needs_grad,
                                staging.host_syncs() - syncs_before, staging.staged(group))
     return render_colors, render_alphas, meta
@@ -263,7 +338,8 @@ class _Local:
     backend: str = "torch"
     pairs: Optional[Pairs] = None  # pre-exchange pairs, for meta
     dense: Optional[Dict[str, Tensor]] = None
-    payload: Optional[Tensor] = None  # [M, F] rows grouped by destination rank
+    payload: Optional[Tensor] = None  # [M, F] rows grouped by destination rank (pack=True)
+    sink: Optional[Tensor] = None  # [M, 2] absgrad sink of `pairs` (pack=False, absgrad)
     error: Optional[BaseException] = None
 
 
@@ -272,10 +348,11 @@ def _prepare(
     viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
     sh_degree: Optional[int], packed: bool, backend: str, check_cameras: bool,
     opts: Dict[str, Any], unknown: List[str], group: Optional[dist.ProcessGroup],
-    absgrad: bool = False,
+    absgrad: bool = False, pack: bool = True,
 ) -> _Local:
-    """Validate, project, count and pack. Never raises: a failure becomes a status that
-    the count exchange carries to every rank."""
+    """Validate, project, count and (pack=True) pack. Never raises: a failure becomes a
+    status that the count exchange carries to every rank. pack=False (one rank): no
+    payload; the pairs (and the absgrad sink) are rendered as they are."""
     W, me = get_world_size(group), get_rank(group)
     device = ex.comm_device(group, means.device if isinstance(means, Tensor) else torch.device("cpu"))
 
@@ -308,17 +385,23 @@ def _prepare(
             rasterize_mode=opts["rasterize_mode"],
         )
         safe_owner = owner.clamp(0, W - 1)  # a bad owner is reported, never indexed with
-        dest = safe_owner[pairs.camera_ids]  # [M] destination rank of each pair
-        # Pairs come sorted by camera; the batch need not be rank-major, so group them.
-        order = torch.argsort(dest, stable=True)
-        payload_dtype = torch.promote_types(means.dtype, torch.float32)
-        payload = _pack(pairs.select(order), _local_camera_ids(safe_owner, W), payload_dtype)
-        if absgrad and payload.requires_grad:  # two zero columns whose gradient is the absgrad
+        needs_grad = any(t.requires_grad for t in (pairs.means2d, pairs.depths, pairs.conics,
+                                                   pairs.opacities, pairs.colors))
+        sink = None
+        if absgrad and needs_grad:  # two zero columns whose gradient is the absgrad
             sink = attach_sink(pairs, dense, pairs.means2d if dense is None else dense["means2d"])
-            payload = torch.cat([payload, sink[order].to(payload_dtype)], dim=1)  # [M, F + 2]
-        # scatter_add, not bincount: CUDA's bincount reads max() on the host.
-        counts = torch.zeros(W, dtype=torch.int64, device=device).scatter_add_(
-            0, dest, torch.ones_like(dest))  # [W]
+        if not pack:
+            counts = torch.full((W,), len(pairs), dtype=torch.int64, device=device)  # W = 1
+            return _Local(status=status, checksum=checksum, counts=counts, owner=owner,
+                          needs_grad=needs_grad, backend=resolved, pairs=pairs, dense=dense,
+                          sink=sink)
+        counts, position = _destinations(pairs.camera_ids, safe_owner, W)
+        payload_dtype = torch.promote_types(means.dtype, torch.float32)
+        payload = _pack(pairs, _local_camera_ids(safe_owner, W), payload_dtype)
+        if sink is not None:
+            payload = torch.cat([payload, sink.to(payload_dtype)], dim=1)  # [M, F + 2]
+        # Grouped by destination rank: every row moves once, to its own position.
+        payload = _ScatterRows.apply(payload, position)
     except Exception as e:  # never leave the peers waiting in the count exchange
         logger.exception("%s: projection failed on rank %d", FN, me)
         return failed(ex.encode(ex.INTERNAL), e)
@@ -338,15 +421,20 @@ def _render_own(
     # Also with C_own = 0 or no pair received: the render layer then returns empty or
     # background images that stay in the autograd graph of the received payload, so this
     # rank's backward still runs the reverse all-to-all its peers wait in.
-    sink = None
-    if absgrad:
-        received, sink = received[:, :-2], received[:, -2:]  # [M_recv, F], [M_recv, 2]
-        # _unpack's order: the stable sort by camera (column 6 + D holds the camera).
-        sink = sink[torch.argsort(received[:, -3].long(), stable=True)].to(dtype)
-    D = received.shape[1] - 10
+    D = received.shape[1] - PAYLOAD_FIXED - (2 if absgrad else 0)
+    pairs, sink = _unpack(received, D, dtype, absgrad)
+    return _rasterize_own(pairs, sink, own_idx, width, height, backend, opts)
+
+
+def _rasterize_own(
+    pairs: Pairs,  # camera_ids index the own cameras
+    sink: Optional[Tensor],  # [M, 2] absgrad sink of `pairs`, or None
+    own_idx: Tensor,  # [C_own] batch positions of this rank's cameras
+    width: int, height: int, backend: str, opts: Dict[str, Any],
+) -> Tuple[Tensor, Tensor]:
     backgrounds = opts["backgrounds"]
     return rasterize_pairs(
-        _unpack(received, D, dtype), len(own_idx), width, height, backend=backend,
+        pairs, len(own_idx), width, height, backend=backend,
         backgrounds=None if backgrounds is None else backgrounds[own_idx],
         render_mode=opts["render_mode"], tile_size=opts["tile_size"], absgrad_sink=sink,
     )

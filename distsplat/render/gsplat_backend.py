@@ -37,6 +37,10 @@ def project(
     packed: bool,
     radius_clip: float = 0.0,
 ) -> Tuple[Pairs, Optional[Dict[str, Tensor]]]:
+    C, N = viewmats.shape[0], means.shape[0]
+    D = colors.shape[-1]  # SH: 3
+    if N == 0 or C == 0:  # gsplat's projection kernels die on these (SIGFPE), not raise
+        return _no_pairs(means, quats, scales, opacities, colors, C, N, D, packed)
     ensure_gsplat_ops()
     from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
 
@@ -63,6 +67,8 @@ def project(
         opac = opac * comps
     if sh_degree is None:
         pair_colors = colors[gid]
+    elif len(gid) == 0:  # nothing visible (a host-known shape): no SH kernel on zero pairs
+        pair_colors = colors.new_zeros(0, D) + colors.sum() * 0
     else:
         campos = camera_centers(viewmats)  # [C, 3]
         dirs = means[gid] - campos[cid]  # [M, 3]
@@ -70,6 +76,27 @@ def project(
     pairs = Pairs(
         camera_ids=cid, gaussian_ids=gid, radii=radii, means2d=means2d,
         depths=depths, conics=conics, opacities=opac, colors=pair_colors,
+    )
+    return pairs, dense
+
+
+def _no_pairs(means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
+              C: int, N: int, D: int, packed: bool) -> Tuple[Pairs, Optional[Dict[str, Tensor]]]:
+    """The projection of no Gaussian or into no camera: zero pairs that are still in the
+    autograd graph of every input (their gradients come back as zeros of their shapes),
+    so the rest of the render and a distributed exchange run as for any other input."""
+    zero = (means.sum() + quats.sum() + scales.sum() + opacities.sum() + colors.sum()) * 0
+    ids = torch.zeros(0, dtype=torch.int64, device=means.device)
+    dense = None
+    if not packed:
+        dense = {"radii": torch.zeros(C, N, 2, dtype=torch.int32, device=means.device),
+                 "means2d": means.new_zeros(C, N, 2) + zero, "depths": means.new_zeros(C, N) + zero,
+                 "conics": means.new_zeros(C, N, 3) + zero}
+    pairs = Pairs(
+        camera_ids=ids, gaussian_ids=ids, radii=torch.zeros(0, 2, dtype=torch.int32, device=means.device),
+        means2d=means.new_zeros(0, 2) + zero, depths=means.new_zeros(0) + zero,
+        conics=means.new_zeros(0, 3) + zero, opacities=means.new_zeros(0) + zero,
+        colors=means.new_zeros(0, D) + zero,
     )
     return pairs, dense
 

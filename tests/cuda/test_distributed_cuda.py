@@ -35,10 +35,11 @@ from staging_workers import DTYPES, case_inputs, device_loss  # noqa: E402
 pytestmark = pytest.mark.cuda
 
 SEED = 13
-# Syncs of one packed RGB forward+backward with backend gsplat and no SH (render.py's
-# module docstring): the count transfer, gsplat's packed projection (nnz) and
-# isect_tiles (n_isects). Backward has none.
-OURS, GSPLAT_OWN = 1, 2
+# Syncs of one packed RGB forward+backward with backend gsplat and no SH, as CUDA's sync
+# debug mode reports them (render.py's module docstring): ours, the count transfer; gsplat's,
+# its packed projection's pair count. isect_tiles' `.item()` (csrc/Intersect.cpp) is not
+# among the reported ones (measured on an H100, torch 2.11, gsplat 1.5.3). Backward has none.
+OURS, GSPLAT_OWN = 1, 1
 
 
 def _garden(shared_data):
@@ -107,9 +108,10 @@ def test_w1_host_syncs_are_the_documented_ones(shared_data):
             meta = step()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    syncs = [w for w in caught if "synchronizing CUDA operation" in str(w.message)]
     where = "\n".join(f"{w.filename}:{w.lineno}: {w.message}" for w in syncs)
     assert len(syncs) == OURS + GSPLAT_OWN, f"{len(syncs)} synchronizing calls:\n{where}"
+    assert sum(w.filename.endswith("exchange.py") for w in syncs) == OURS, where
     assert meta["comm"]["host_syncs"] == staging.host_syncs() - before == OURS
 
 

@@ -54,3 +54,32 @@ def test_gsplat_backend_equals_gsplat_rasterization(sh_degree):
     theirs, theirs_a, _ = rasterization(*render_args(scene), sh_degree=sh_degree, packed=True)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours_a, theirs_a, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["no_gaussian", "none_visible"])
+def test_empty_inputs_render_like_the_torch_backend(case):
+    """An empty chunk (N = 0: a rank that holds no Gaussian; gsplat's projection kernel
+    died with SIGFPE on it) and Gaussians that are all behind the camera (zero pairs, SH on
+    nothing): an empty image, gradients of the inputs' shapes, as the torch backend gives."""
+    scene = load_garden("cuda", max_points=2000)
+    if case == "no_gaussian":
+        for k in GAUSSIAN_KEYS:
+            scene[k] = scene[k][:0]
+    else:
+        # cameras at the origin looking down +z, every Gaussian at z < 0: nothing projects
+        scene["viewmats"] = torch.eye(4, device="cuda").expand_as(scene["viewmats"]).contiguous()
+        scene["means"] = scene["means"].clone()
+        scene["means"][:, 2] = -5.0 - scene["means"][:, 2].abs()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    scene["colors"] = torch.randn(len(scene["means"]), 16, 3, device="cuda", generator=g) * 0.3
+    out = {}
+    for backend in ("gsplat", "torch"):
+        s = with_grad(scene)
+        colors, alphas, meta = rasterize(*render_args(s), sh_degree=3, backend=backend)
+        (colors.sum() + alphas.sum()).backward()
+        out[backend] = (colors, alphas, [s[k].grad for k in GAUSSIAN_KEYS])
+        assert len(meta["camera_ids"]) == 0
+    (c_g, a_g, gr_g), (c_t, a_t, gr_t) = out["gsplat"], out["torch"]
+    assert c_g.shape == c_t.shape and not c_g.any() and not a_g.any()
+    for a, b in zip(gr_g, gr_t):
+        assert a is not None and a.shape == b.shape and not a.any()

@@ -14,7 +14,7 @@ from distsplat.distributed import (
     world_size,
 )
 from distsplat.distributed import exchange as ex
-from distsplat.distributed.render import _local_camera_ids, _pack, _unpack
+from distsplat.distributed.render import _destinations, _GatherRows, _local_camera_ids, _pack, _ScatterRows, _unpack
 from distsplat.render import Pairs, check_inputs
 
 
@@ -98,13 +98,50 @@ def test_pack_unpack_round_trip_sorts_by_camera():
     local = torch.tensor([1, 0, 7, 0])  # batch camera -> receiver's camera; reorders the pairs
     payload = _pack(pairs, local, torch.float32)
     assert payload.shape == (M, 10 + D)
-    out = _unpack(payload, D, torch.float32)
+    out, sink = _unpack(payload, D, torch.float32)
+    assert sink is None
     order = torch.argsort(local[pairs.camera_ids], stable=True)
     assert torch.equal(out.camera_ids, local[pairs.camera_ids][order])
     assert torch.equal(out.radii, pairs.radii[order]) and out.radii.dtype == torch.int32
     for f in ("means2d", "depths", "conics", "opacities", "colors"):
         assert torch.equal(getattr(out, f), getattr(pairs, f)[order]), f
     assert (out.gaussian_ids == -1).all()
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5])
+def test_destinations_equal_a_stable_sort_by_owner(W):
+    """_destinations' per-camera arithmetic against the definition it replaces: counts are
+    a histogram of the pairs' owners, positions invert a stable argsort by owner."""
+    g = torch.Generator().manual_seed(W)
+    C = 7
+    owner = torch.randint(0, W, (C,), generator=g)
+    per_cam = torch.tensor([3, 0, 5, 1, 0, 4, 2])  # cameras that see nothing included
+    camera_ids = torch.repeat_interleave(torch.arange(C), per_cam)  # sorted by camera
+    counts, position = _destinations(camera_ids, owner, W)
+    dest = owner[camera_ids]
+    assert torch.equal(counts, torch.bincount(dest, minlength=W))
+    order = torch.argsort(dest, stable=True)  # the grouped payload's row j is pair order[j]
+    assert torch.equal(position[order], torch.arange(len(camera_ids)))
+
+
+def test_row_permutations_move_values_and_gradients_back():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    perm = torch.randperm(6, generator=g)
+    w = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    scattered = _ScatterRows.apply(x, perm)
+    assert torch.equal(scattered[perm], x.detach())
+    (scattered * w).sum().backward()
+    assert torch.equal(x.grad, w[perm])
+    x.grad = None
+    gathered = _GatherRows.apply(x, perm)
+    assert torch.equal(gathered, x.detach()[perm])
+    (gathered * w).sum().backward()
+    want = torch.zeros_like(w)
+    want[perm] = w
+    assert torch.equal(x.grad, want)
+    assert torch.autograd.gradcheck(lambda t: _ScatterRows.apply(t, perm), (x,))
+    assert torch.autograd.gradcheck(lambda t: _GatherRows.apply(t, perm), (x,))
 
 
 def test_one_process_call_has_no_collective_and_rejects_bad_owner():

@@ -8,7 +8,7 @@ import torch
 
 import gsplat.cuda._wrapper as gw
 from distsplat.render import gsplat_backend, project
-from tests.unit.scenes import look_at_viewmat, random_scene, render_args
+from tests.unit.scenes import GAUSSIAN_KEYS, look_at_viewmat, random_scene, render_args, with_grad
 
 ALPHA, VALUE = 0.25, 0.5  # what the fake kernel "renders" everywhere
 
@@ -70,3 +70,28 @@ def test_camera_centers_is_the_inverse_of_rigid_viewmats():
     # R orthonormal to float64 rounding: |-R^T t - eye| ~ |eye| * 1e-16 * a few; 1e-12 is far.
     torch.testing.assert_close(got, torch.tensor(eyes, dtype=torch.float64), rtol=0, atol=1e-12)
     torch.testing.assert_close(got, torch.linalg.inv(V)[:, :3, 3], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("empty", ["gaussians", "cameras"])
+def test_no_gaussian_or_no_camera_gives_zero_pairs_without_the_kernels(monkeypatch, packed, empty):
+    """A rank whose chunk is empty (or a batch with no camera) never reaches gsplat's
+    projection kernel, which dies with SIGFPE on N = 0 (seen on an H100 with W=2): zero
+    pairs come back, and every input still gets a gradient of its own shape."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("gsplat's projection must not run on an empty input")
+
+    monkeypatch.setattr(gw, "fully_fused_projection", forbidden)
+    scene = with_grad(random_scene(n=0 if empty == "gaussians" else 20, sh_degree=2))
+    if empty == "cameras":
+        scene["viewmats"], scene["Ks"] = scene["viewmats"][:0], scene["Ks"][:0]
+    C, N = scene["viewmats"].shape[0], scene["means"].shape[0]
+    pairs, dense = project(*render_args(scene), backend="gsplat", sh_degree=2, packed=packed)
+    assert len(pairs) == 0 and pairs.colors.shape == (0, 3) and pairs.radii.dtype == torch.int32
+    assert (dense is None) == packed
+    if not packed:
+        assert dense["means2d"].shape == (C, N, 2) and dense["radii"].shape == (C, N, 2)
+    (pairs.means2d.sum() + pairs.colors.sum() + pairs.opacities.sum()).backward()
+    for k in GAUSSIAN_KEYS:
+        assert scene[k].grad is not None and scene[k].grad.shape == scene[k].shape, k
+        assert not scene[k].grad.any(), k
