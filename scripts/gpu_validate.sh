@@ -132,6 +132,9 @@ run_check() {  # one named check (or group) of the validation
     profile)  # where a W=1 step's time goes: ours vs gsplat, kernels and host
         check profile 150 $PY benchmarks/profile_gpu.py "$LOGS"
         note "  $(tail -n 1 "$LOGS/profile.log")" ;;
+    scaling)  # issue 15: virtual ranks on the one GPU, stage times by CUDA events
+        check scaling_gpu 240 env TIME_LIMIT_S="${SCALING_LIMIT_S:-180}" $PY benchmarks/scaling_gpu.py
+        note "  $(tail -n 1 "$LOGS/scaling_gpu.log")" ;;
     default_1k)
         train default_thermos_1k 100 1 -- default --data_dir "$THERMOS" --data_factor 1 --max_steps 1000 \
             --eval_steps 1000 --save_steps 1000 --cache gpu ;;
@@ -150,7 +153,7 @@ run_check() {  # one named check (or group) of the validation
         note "  $(grep -a '^gsplat_peer: {' "$LOGS/gsplat_peer_${strategy}.log" | tail -n 1)" ;;
     1) for c in tests syncs small vs_gsplat default_1k; do run_check $c; done ;;
     2) for c in vs_gsplat default_7k mcmc_7k; do run_check $c; done ;;
-    *) echo "unknown check '$1' (tests syncs small vs_gsplat profile default_1k default_7k mcmc_7k peer_default peer_mcmc, or 1, 2)" >&2
+    *) echo "unknown check '$1' (tests syncs small vs_gsplat profile scaling default_1k default_7k mcmc_7k peer_default peer_mcmc, or 1, 2)" >&2
        FAILED=1 ;;
     esac
 }
