@@ -40,10 +40,11 @@ def ssim_map(img1: Tensor, img2: Tensor) -> Tensor:
     B, H, W, C = img1.shape
     a = img1.permute(0, 3, 1, 2).reshape(B * C, 1, H, W)
     b = img2.permute(0, 3, 1, 2).reshape(B * C, 1, H, W)
-    mu1, mu2 = _blur(a), _blur(b)
-    s11 = _blur(a * a) - mu1 * mu1
-    s22 = _blur(b * b) - mu2 * mu2
-    s12 = _blur(a * b) - mu1 * mu2
+    # The five blurs in one batch: two convolutions instead of ten (and their backward).
+    mu1, mu2, e11, e22, e12 = _blur(torch.cat([a, b, a * a, b * b, a * b])).chunk(5)
+    s11 = e11 - mu1 * mu1
+    s22 = e22 - mu2 * mu2
+    s12 = e12 - mu1 * mu2
     num = (2 * mu1 * mu2 + SSIM_C1) * (2 * s12 + SSIM_C2)
     den = (mu1 * mu1 + mu2 * mu2 + SSIM_C1) * (s11 + s22 + SSIM_C2)
     return (num / den).reshape(B, C, H, W).permute(0, 2, 3, 1)
