@@ -83,6 +83,13 @@ BASE_LRS = {
 }
 
 
+def scaled_betas(B: int, betas: Tuple[float, float] = (0.9, 0.999)) -> Tuple[float, float]:
+    """Adam's betas for a global batch of B images (create_optimizers)."""
+    if 1 - B * (1 - betas[0]) > 1e-6:  # gsplat's scaling while it is a valid beta (0.1 at B = 9)
+        return (1 - B * (1 - betas[0]), 1 - B * (1 - betas[1]))
+    return (betas[0] ** B, betas[1] ** B)
+
+
 def create_optimizers(
     params: torch.nn.ParameterDict,
     global_batch: int,
@@ -91,7 +98,10 @@ def create_optimizers(
 ) -> Dict[str, torch.optim.Adam]:
     """One Adam per parameter (strategies replace rows of each), scaled with the GLOBAL
     batch size as gsplat does: lr * sqrt(B), eps 1e-15 / sqrt(B), betas 1 - B (1 - beta).
-    Using the global batch keeps the update identical whatever W splits it."""
+    Using the global batch keeps the update identical whatever W splits it. From B = 10,
+    where that formula gives beta1 <= 0 (torch refuses it, and gsplat's own trainer stops),
+    each beta is beta ** B instead: the decay of B one-image steps (Grendel-GS's scaling);
+    4 GPUs x --batch_size 4 is B = 16."""
     lrs = {**BASE_LRS, **(lrs or {})}
     B = global_batch
     out = {}
@@ -100,7 +110,7 @@ def create_optimizers(
         out[name] = torch.optim.Adam(
             [{"params": [p], "lr": lr * math.sqrt(B), "name": name}],
             eps=1e-15 / math.sqrt(B),
-            betas=(1 - B * (1 - 0.9), 1 - B * (1 - 0.999)),
+            betas=scaled_betas(B),
         )
     return out
 

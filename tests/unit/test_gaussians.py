@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from distsplat.train.gaussians import (
@@ -47,3 +48,20 @@ def test_optimizers_scale_with_the_global_batch_like_gsplat():
     assert math.isclose(g["eps"], 1e-15 / 2.0)
     assert g["betas"] == (1 - 4 * (1 - 0.9), 1 - 4 * (1 - 0.999))
     assert math.isclose(opt["shN"].param_groups[0]["lr"], 2.5e-3 / 20 * 2.0)
+
+
+@pytest.mark.parametrize("B", [9, 10, 16, 64])
+def test_large_global_batches_get_valid_betas(B):
+    """gsplat's 1 - B (1 - beta) reaches beta1 = 0 at B = 10 (4 GPUs x --batch_size 4 is
+    16), where torch's Adam refuses it; from there each beta is beta ** B."""
+    points, rgbs = random_points(10, extent=1.0)
+    params = init_gaussians(points, rgbs, sh_degree=0, bounds=(0, 10))
+    opt = create_optimizers(params, global_batch=B)
+    b1, b2 = opt["means"].param_groups[0]["betas"]
+    if B < 10:
+        assert (b1, b2) == (1 - B * (1 - 0.9), 1 - B * (1 - 0.999))
+    else:
+        assert math.isclose(b1, 0.9 ** B) and math.isclose(b2, 0.999 ** B)
+    assert 0 < b1 < 1 and 0 < b2 < 1
+    params["means"].grad = torch.ones_like(params["means"])
+    opt["means"].step()  # a valid Adam step
