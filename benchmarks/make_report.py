@@ -58,6 +58,10 @@ MEASURES: Dict[str, List[str]] = {
     "extras_effects": ["distsplat", "benchmarks/extras_effects.py"],
     "divergence_check_cpu": ["distsplat/train/faults.py", "benchmarks/bench_divergence_check.py"],
     "fuzz_parsers": ["distsplat/data", "distsplat/train/checkpoint.py", "distsplat/viewer/model.py", "tests/fuzz"],
+    "gsplat_peer": ["benchmarks/gsplat_peer.py", "scripts/prepare_gsplat_peer.sh"],
+    "thermos_cuda": ["distsplat", "examples/simple_trainer.py", "scripts/gpu_validate.sh"],
+    "profile_gpu_cuda": ["distsplat", "benchmarks/profile_gpu.py"],
+    "tests_cuda": ["distsplat", "tests/cuda", "tests/distributed/harness.py", "tests/distributed/staging_workers.py"],
     "million": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train", "scripts/pack_shards.py",
                 "benchmarks/bench_million.py"],
 }
@@ -288,6 +292,64 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
     return out + [""]
 
 
+def load_run(name: str) -> Optional[Dict[str, Any]]:
+    """A training record of scripts/gpu_validate.sh (results/runs/NAME.json)."""
+    path = RESULTS / "runs" / f"{name}.json"
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text())
+    d["_stale"] = staleness("thermos_cuda", d)
+    return d
+
+
+def section_capture_gpu() -> Optional[str]:
+    """distsplat's trainer against gsplat's own on the real capture, one GPU, same call."""
+    rows, lines = [], []
+    for strategy in ("default", "mcmc"):
+        ours, peer = load_run(f"{strategy}_thermos_7000"), load(f"gsplat_peer_{strategy}")
+        rerun = load_run(f"{strategy}_thermos_7000_rerun")
+        if ours is None or peer is None:
+            continue
+        ps = peer["summary"]
+        rows.append([strategy, "distsplat W=1" + stale_mark(ours), f"{ours['psnr']:.2f}", f"{ours['ssim']:.4f}",
+                     ours["num_GS"], f"{ours['elapsed']:.1f}", f"{ours['peak_gpu_mem_gib']:.2f}", f"`{ours['commit'][:7]}`"])
+        rows.append([strategy, "gsplat 1.5.3 simple_trainer" + stale_mark(peer), f"{ps['psnr']:.2f}", f"{ps['ssim']:.4f}",
+                     ps["num_GS"], f"{ps['train_seconds']:.1f}", f"{ps['peak_mem_allocated_GiB']:.2f}", "(peer)"])
+        if rerun is not None:
+            rows.append([strategy, "distsplat W=1, re-run (another machine start)" + stale_mark(rerun),
+                         f"{rerun['psnr']:.2f}", f"{rerun['ssim']:.4f}", rerun["num_GS"], f"{rerun['elapsed']:.1f}",
+                         f"{rerun['peak_gpu_mem_gib']:.2f}", f"`{rerun['commit'][:7]}`"])
+        lines.append(f"- {strategy}: PSNR {ours['psnr'] - ps['psnr']:+.2f} dB against gsplat's trainer (goal: within "
+                     f"0.2 dB), training time {ours['elapsed'] / ps['train_seconds']:.2f}x gsplat's (goal: <= 1.00).")
+    if not rows:
+        return None
+    m = load("gsplat_peer_default")["machine"]
+    out = ["## Training on a real capture, one GPU: distsplat against gsplat's own trainer", "",
+           "thermos (`../shared/data/thermos`, 946x532, 88 train / 13 test images, the same split for both), "
+           "7000 steps, W = 1, each trainer's defaults, `--cache gpu` for distsplat. gsplat's "
+           "`examples/simple_trainer.py` ran as a peer (`benchmarks/gsplat_peer.py`: its own code unchanged, "
+           "LPIPS stubbed offline). Training time: distsplat's `elapsed` and gsplat's `ellipse_time`, both "
+           "from the first step to the last (no setup, no eval). Peak memory: torch's max allocated.", "",
+           md_table(["strategy", "trainer", "PSNR", "SSIM", "Gaussians", "train s", "peak GiB", "commit"], rows), "",
+           f"GPU: {m.get('gpu')}, torch {m.get('torch')}, CUDA {m.get('cuda')}. Rows of one strategy without "
+           "'re-run' come from the same device call (the same machine); the re-run, on another start of a "
+           "machine of the same kind, shows the spread between machine starts.", ""] + lines + [""]
+    prof = load("profile_gpu_cuda")
+    if prof is not None:
+        t = prof["trainer"]
+        out += [f"Data wait (host time inside the image loader's next() / step time, {prof['trainer'][next(iter(t))]['steps']} "
+                f"steps after warm-up, `profile_gpu.py`{stale_mark(prof)}; goal < 1% with `decoded` or `gpu`): "
+                + ", ".join(f"`{c}` {100 * r['data_wait_share']:.1f}% of {r['step_ms']:.1f} ms" for c, r in t.items())
+                + f" ({t[next(iter(t))]['gaussians']} Gaussians: early-training scene sizes, where the step is "
+                "bound by the host launching kernels).", ""]
+    tests = load("tests_cuda")
+    if tests is not None:
+        sm = tests["summary"]
+        out += [f"`tests/cuda` on {tests['machine'].get('gpu')}{stale_mark(tests)}: {sm['passed']} passed, "
+                f"{sm['failed']} failed, {sm['skipped']} skipped (skips forbidden), commit `{tests['commit'][:7]}`.", ""]
+    return "\n".join(out)
+
+
 def gpu_rows(d) -> Dict[Any, Dict[str, Any]]:
     return {(r["W"], r["batch_per_rank"]): r for r in d["results"] if "speedup" in r["predicted"]["ours"]["nvlink_h100"]}
 
@@ -471,7 +533,8 @@ def main() -> int:
     parts += [section_breakdown(bd_gpu, "cuda") if bd_gpu else
               "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/step_breakdown.py` "
               "on a CUDA machine runs W = 1 on the GPU).\n"]
-    parts += [section_gsplat(vs_cpu, vs_gpu)] + [s for s in [section_gpu_model(gpu_model)] if s] + [section_model(model)]
+    parts += [section_gsplat(vs_cpu, vs_gpu)] + [s for s in [section_capture_gpu(), section_gpu_model(gpu_model)] if s]
+    parts += [section_model(model)]
     if png is not None:
         parts += [f"![scaling]({png.relative_to(HERE).as_posix()})", ""]
     parts += [section_prediction(model, gpu_model), section_files()]

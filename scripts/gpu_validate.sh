@@ -103,7 +103,11 @@ d = json.load(open(stats))
 train = sorted(glob.glob(os.path.join(os.path.dirname(stats), "train_step*_rank0.json")))
 if train:
     d["peak_gpu_mem_gib"] = json.load(open(train[-1])).get("mem")
-d.update(launch_to_exit_s=wall, trainer_args=args, commit=os.environ.get("DISTSPLAT_COMMIT"))
+sys.path.insert(0, os.getcwd())
+from benchmarks.common import machine
+from datetime import datetime, timezone
+d.update(benchmark=os.path.basename(out)[:-5], date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+         machine=machine(), launch_to_exit_s=wall, trainer_args=args, commit=os.environ.get("DISTSPLAT_COMMIT"))
 json.dump(d, open(out, "w"), indent=2)
 print({k: d[k] for k in ("step", "psnr", "ssim", "num_GS", "elapsed", "peak_gpu_mem_gib", "launch_to_exit_s") if k in d})
 PYEOF
