@@ -37,6 +37,8 @@ MEASURES: Dict[str, List[str]] = {
     "scaling_gpu": STEP + ["benchmarks/scaling_gpu.py", "benchmarks/scaling_model.py"],
     "vs_gsplat_cpu": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
     "vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
+    "step_vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "distsplat/train/losses.py",
+                            "distsplat/train/gaussians.py", "benchmarks/bench_step_vs_gsplat.py"],
     "render_cpu": ["distsplat/render", "benchmarks/bench_render.py"],
     "loader_cpu": ["distsplat/data", "benchmarks/bench_loader.py"],
     "bench_exchange": ["distsplat/distributed", "distsplat/render", "benchmarks/bench_exchange.py"],

@@ -8,8 +8,9 @@ Three measurements, one process, one GPU:
             (self CUDA time, self CPU time) name the kernels and ops the extra time is in.
   trainer   distsplat's Trainer.train_step at W = 1 on a COLMAP scene (default
             $DISTSPLAT_DATA/thermos at full resolution), for each image cache mode: steps/s
-            and the share of the step the host spends waiting in the image loader (the
-            data-wait share; issue 14's goal < 1% with `decoded` or `gpu`).
+            and the share of the step the host spends in the image loader's next() (the
+            data-wait share; issue 14's goal < 1% with `decoded` or `gpu`), and of that the
+            share blocked until the batch's images were ready.
   host      cProfile of the `gpu`-cache trainer's steps: the Python functions the host time
             is in (a GPU step whose kernels are short is bound by the host launching them).
 
@@ -128,6 +129,7 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
                 trainer.train_step(step)
             torch.cuda.synchronize()
             trainer.loader.wait = 0.0
+            blocked0 = sum(trainer.loader.inner.wait_s)
             t0 = time.perf_counter()
             for step in range(warm, warm + steps):
                 trainer.train_step(step)
@@ -135,7 +137,11 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
             wall = time.perf_counter() - t0
             rec = {"setup_s": t_setup, "steps": steps, "step_ms": wall / steps * 1e3, "steps_per_s": steps / wall,
                    "data_wait_ms_per_step": trainer.loader.wait / steps * 1e3,
-                   "data_wait_share": trainer.loader.wait / wall, "gaussians": trainer.n_all,
+                   "data_wait_share": trainer.loader.wait / wall,
+                   # of which blocked until the batch's images were ready (ImageLoader.wait_s);
+                   # the rest is the loader's bookkeeping on the host (the next batch's submit)
+                   "blocked_wait_share": (sum(trainer.loader.inner.wait_s) - blocked0) / wall,
+                   "gaussians": trainer.n_all,
                    "image": [trainer.width, trainer.height],
                    "peak_gpu_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
             if cache == caches[-1]:  # the host's Python time of the same steps

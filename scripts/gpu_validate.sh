@@ -133,6 +133,9 @@ run_check() {  # one named check (or group) of the validation
     vs_gsplat)
         check vs_gsplat_synthetic 80 $PY benchmarks/bench_vs_gsplat.py
         note "  $(tail -n 1 "$LOGS/vs_gsplat_synthetic.log")" ;;
+    step_vs_gsplat)  # one training step against the same step written with gsplat.rasterization
+        check step_vs_gsplat 120 $PY benchmarks/bench_step_vs_gsplat.py
+        note "  $(tail -n 1 "$LOGS/step_vs_gsplat.log")" ;;
     profile)  # where a W=1 step's time goes: ours vs gsplat, kernels and host
         check profile 150 $PY benchmarks/profile_gpu.py "$LOGS"
         note "  $(tail -n 1 "$LOGS/profile.log")" ;;
@@ -156,8 +159,8 @@ run_check() {  # one named check (or group) of the validation
             --result_dir "/tmp/runs/peer_${strategy}"
         note "  $(grep -a '^gsplat_peer: {' "$LOGS/gsplat_peer_${strategy}.log" | tail -n 1)" ;;
     1) for c in tests syncs small vs_gsplat default_1k; do run_check $c; done ;;
-    2) for c in vs_gsplat default_7k mcmc_7k; do run_check $c; done ;;
-    *) echo "unknown check '$1' (tests syncs small vs_gsplat profile scaling default_1k default_7k mcmc_7k peer_default peer_mcmc, or 1, 2)" >&2
+    2) for c in vs_gsplat step_vs_gsplat default_7k mcmc_7k; do run_check $c; done ;;
+    *) echo "unknown check '$1' (tests syncs small vs_gsplat step_vs_gsplat profile scaling default_1k default_7k mcmc_7k peer_default peer_mcmc, or 1, 2)" >&2
        FAILED=1 ;;
     esac
 }

@@ -57,7 +57,8 @@ def init_gaussians(
     n = end - start
     k = (sh_degree + 1) ** 2
     params = {
-        "means": points[start:end].float(),
+        # a copy: a view would let Adam move the caller's points (on CPU, the Scene's own)
+        "means": points[start:end].float().clone(),
         "scales": scales,
         "quats": quats,
         "opacities": torch.logit(torch.full((n,), init_opacity)),

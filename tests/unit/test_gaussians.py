@@ -65,3 +65,14 @@ def test_large_global_batches_get_valid_betas(B):
     assert 0 < b1 < 1 and 0 < b2 < 1
     params["means"].grad = torch.ones_like(params["means"])
     opt["means"].step()  # a valid Adam step
+
+
+def test_initial_means_do_not_alias_the_points_given():
+    """The trainer passes the Scene's SfM points (torch.from_numpy: shared memory); an Adam
+    step on the means must not move them (the depth loss and exports read them later)."""
+    points, rgbs = random_points(10, extent=1.0)
+    before = points.clone()
+    params = init_gaussians(points, rgbs, sh_degree=0, bounds=(0, 10))
+    with torch.no_grad():
+        params["means"].add_(1.0)
+    assert torch.equal(points, before)
