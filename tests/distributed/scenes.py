@@ -139,39 +139,42 @@ TRAIN_SEED, TRAIN_N, TRAIN_POOL = 7, 100, 8
 
 
 def train_loop(rank: int, W: int, steps: int, batch_size: int, lr: float,
-               reference: bool = False) -> Dict[str, Tensor]:
+               reference: bool = False, backend: str = "torch", device: str = "cpu",
+               dtype: torch.dtype = DTYPE) -> Dict[str, Tensor]:
     """Adam on rank `rank`'s chunk (raw parameters: log scales, logit opacities), no
     densification. Every step draws the same global batch of `batch_size` cameras on every
     W; the loss is the mean over that global batch of each camera's MSE to its own target
-    image. reference=True trains all Gaussians in one process with `rasterize`."""
+    image. reference=True trains all Gaussians in one process with `rasterize`. backend,
+    device, dtype: tests/cuda trains with gsplat's kernels in float32 on the GPU."""
     from distsplat.distributed import distributed_rasterize
     from distsplat.render import rasterize
 
-    viewmats, Ks = make_cameras(TRAIN_POOL, TRAIN_SEED)
-    g0 = make_gaussians(TRAIN_N, TRAIN_SEED)
+    move = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    viewmats, Ks = (move(t) for t in make_cameras(TRAIN_POOL, TRAIN_SEED))
+    g0 = {k: move(v) for k, v in make_gaussians(TRAIN_N, TRAIN_SEED).items()}
     raw = {"means": g0["means"], "quats": g0["quats"], "log_scales": g0["scales"].log(),
            "logit_opacities": torch.logit(g0["opacities"]), "colors": g0["colors"]}
     start, end = (0, TRAIN_N) if reference else chunk_bounds(TRAIN_N, W)[rank]
     params = {k: v[start:end].clone().requires_grad_() for k, v in raw.items()}
-    targets = torch.rand(TRAIN_POOL, HEIGHT, WIDTH, 3, generator=torch.Generator().manual_seed(9),
-                         dtype=DTYPE)
+    targets = move(torch.rand(TRAIN_POOL, HEIGHT, WIDTH, 3, generator=torch.Generator().manual_seed(9),
+                              dtype=DTYPE))
     opt = torch.optim.Adam(params.values(), lr=lr)
     schedule = torch.Generator().manual_seed(77)
     for _ in range(steps):
         cams = torch.randperm(TRAIN_POOL, generator=schedule)[:batch_size]  # same on every rank
         args = (params["means"], params["quats"], params["log_scales"].exp(),
                 torch.sigmoid(params["logit_opacities"]), params["colors"],
-                viewmats[cams], Ks[cams], WIDTH, HEIGHT)
+                viewmats[cams.to(device)], Ks[cams.to(device)], WIDTH, HEIGHT)
         if reference:
-            colors, _, _ = rasterize(*args, backend="torch")
+            colors, _, _ = rasterize(*args, backend=backend)
             own = torch.arange(batch_size)
         else:
             owner = torch.arange(batch_size) % W  # round-robin: not rank-major
-            colors, _, _ = distributed_rasterize(*args, owner, backend="torch")
+            colors, _, _ = distributed_rasterize(*args, owner.to(device), backend=backend)
             own = (owner == rank).nonzero()[:, 0]
-        per_camera = ((colors - targets[cams[own]]) ** 2).mean(dim=(1, 2, 3))  # [C_own]
+        per_camera = ((colors - targets[cams[own].to(device)]) ** 2).mean(dim=(1, 2, 3))  # [C_own]
         loss = per_camera.sum() / batch_size  # this rank's share of the global mean
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return {k: v.detach() for k, v in params.items()}
+    return {k: v.detach().cpu() for k, v in params.items()}

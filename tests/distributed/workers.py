@@ -242,11 +242,14 @@ def bad_inputs(ctx: DistContext) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- training
 
 
-def train(ctx: DistContext, steps: int, batch_size: int, lr: float) -> Dict[str, torch.Tensor]:
+def train(ctx: DistContext, steps: int, batch_size: int, lr: float, backend: str = "torch",
+          dtype: str = "float64") -> Dict[str, torch.Tensor]:
     """`steps` Adam steps on this rank's chunk; each step's global batch and the loss (a
-    mean over the global batch) come from scenes.training_setup."""
+    mean over the global batch) come from scenes.training_setup. On ctx.device (the shared
+    GPU in tests/cuda)."""
     from scenes import train_loop
-    return train_loop(ctx.rank, ctx.world_size, steps, batch_size, lr)
+    return train_loop(ctx.rank, ctx.world_size, steps, batch_size, lr, backend=backend,
+                      device=str(ctx.device), dtype=getattr(torch, dtype))
 
 
 # ------------------------------------------------------------------ harness self-test
