@@ -15,7 +15,8 @@ Three measurements, one process, one GPU:
             is in (a GPU step whose kernels are short is bound by the host launching them).
 
     python benchmarks/profile_gpu.py [TABLE_DIR]
-Environment: N (1000000), REPS (5), SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu),
+Environment: N (1000000), REPS (5), SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu,gpu-nocheck:
+the gpu cache with --max_bad_steps 0),
 PROFILE_WARM (100), PROFILE_STEPS (300). Writes benchmarks/results/profile_gpu_cuda.json, the tables to
 TABLE_DIR (default: a temporary folder), and prints one summary line.
 """
@@ -113,11 +114,14 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
 
     ctx = init_distributed()
     out: Dict[str, Any] = {}
-    for cache in caches:
-        tmp = tempfile.mkdtemp(prefix=f"profile_{cache}_")
+    for variant in caches:
+        # "gpu-nocheck": the gpu cache without the divergence check (--max_bad_steps 0), whose
+        # host read after backward stops the host from running ahead of the GPU
+        cache, nocheck = variant.split("-")[0], variant.endswith("-nocheck")
+        tmp = tempfile.mkdtemp(prefix=f"profile_{variant}_")
         cfg = Config(data_dir=scene, data_factor=data_factor, result_dir=tmp, max_steps=warm + 2 * steps + 10,
                      eval_steps=[], save_steps=[], save_ply=False, disable_viewer=True, backend="gsplat",
-                     cache=cache)
+                     cache=cache, **({"max_bad_steps": 0} if nocheck else {}))
         cfg.validate()
         trainer = Trainer(cfg, ctx)
         t_setup = time.perf_counter()
@@ -144,7 +148,7 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
                    "gaussians": trainer.n_all,
                    "image": [trainer.width, trainer.height],
                    "peak_gpu_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
-            if cache == caches[-1]:  # the host's Python time of the same steps
+            if variant == "gpu":  # the host's Python time of the same steps
                 pr = cProfile.Profile()
                 pr.enable()
                 for step in range(warm + steps, warm + 2 * steps):
@@ -157,8 +161,8 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
                 pstats.Stats(pr, stream=s2).sort_stats("tottime").print_stats(40)
                 (table_dir / "trainer_cprofile.txt").write_text(
                     f"cache {cache}, {steps} steps, {trainer.n_all} Gaussians\n" + s.getvalue() + s2.getvalue())
-            out[cache] = rec
-            print(f"trainer cache={cache}: {rec}", flush=True)
+            out[variant] = rec
+            print(f"trainer {variant}: {rec}", flush=True)
         finally:
             trainer.cleanup()
     return out
@@ -174,7 +178,7 @@ def main() -> None:
     table_dir.mkdir(parents=True, exist_ok=True)
     data = os.environ.get("DISTSPLAT_DATA")
     scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data else "")
-    caches = os.environ.get("CACHES", "none,decoded,gpu").split(",")
+    caches = os.environ.get("CACHES", "none,decoded,gpu,gpu-nocheck").split(",")
     render = profile_render(table_dir, int(os.environ.get("N", 1_000_000)), int(os.environ.get("REPS", 5)))
     print("render: " + ", ".join(f"{k} {v['wall_ms']:.2f} ms" for k, v in render["runs"].items()), flush=True)
     trainer = profile_trainer(table_dir, scene, int(os.environ.get("DATA_FACTOR", 1)), caches,
