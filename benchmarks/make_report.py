@@ -269,6 +269,16 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
     if quick is not None:
         out.append(f"- README quick start (`quickstart_cpu.json`{stale_mark(quick)}): 2 CPU ranks, 600 steps, "
                    f"PSNR {quick['psnr']:.2f} dB, SSIM {quick['ssim']:.3f}, {quick['wall_s']:.0f} s launch to exit.")
+    cap = []
+    for strategy in ("default", "mcmc"):
+        ours, peer = load_run(f"{strategy}_thermos_7000"), load(f"gsplat_peer_{strategy}")
+        if ours is not None and peer is not None:
+            ps = peer["summary"]
+            cap.append(f"`{strategy}` PSNR {ours['psnr']:.2f} vs {ps['psnr']:.2f} dB, training "
+                       f"{ours['elapsed']:.1f} vs {ps['train_seconds']:.1f} s{stale_mark(ours)}")
+    if cap:
+        out.append("- thermos (946x532), 7000 steps on one GPU, distsplat W = 1 vs gsplat's own trainer in the "
+                   "same call: " + "; ".join(cap) + ".")
     if vs_gpu is not None:
         out.append("- distsplat W = 1 / gsplat.rasterization (GPU, fwd+bwd): "
                    + ", ".join(f"`{k}` {v:.3f}" for k, v in vs_gpu["ratios"].items()) + stale_mark(vs_gpu) + ".")
