@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from torch import Tensor
 
 from ..render import Pairs, check_inputs, make_meta, project, rasterize_pairs
 from ..render.absgrad import attach_sink
+from ..render.gsplat_backend import camera_centers
 from . import exchange as ex
 from . import staging
 from .context import rank as get_rank
@@ -65,13 +66,22 @@ def _validate(
     means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
     viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
     sh_degree: Optional[int], backend: str, opts: Dict[str, Any], device: torch.device,
+    features: bool = False,
 ) -> str:
     """This rank's own checks; raises ValueError naming the argument. No host sync: the
-    value checks (finite, owner range) run on the device and travel with the counts."""
+    value checks (finite, owner range) run on the device and travel with the counts.
+    features (pair_colors): `colors` are features, so the backgrounds' channels are the
+    colour model's, checked against its output when it runs."""
+    backgrounds = opts["backgrounds"]
+    if features and backgrounds is not None:
+        if not isinstance(backgrounds, Tensor) or backgrounds.dim() != 2 or backgrounds.shape[0] != viewmats.shape[0]:
+            raise ValueError(f"{FN}: `backgrounds` must have shape [C, D] (D: the channels `pair_colors` "
+                             f"returns), got {tuple(getattr(backgrounds, 'shape', ()))}")
+        backgrounds = None
     resolved = check_inputs(
         FN, means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         sh_degree=sh_degree, near_plane=opts["near_plane"], far_plane=opts["far_plane"],
-        eps2d=opts["eps2d"], backgrounds=opts["backgrounds"],
+        eps2d=opts["eps2d"], backgrounds=backgrounds,
         rasterize_mode=opts["rasterize_mode"], render_mode=opts["render_mode"],
         backend=backend, finite=False,
     )
@@ -104,6 +114,9 @@ def _local_camera_ids(owner: Tensor, W: int) -> Tensor:
 
 
 PAYLOAD_FIXED = 10  # payload columns besides the D colour channels (and 2 absgrad ones)
+DIRS = 3  # with pair_colors: each pair's camera-to-Gaussian vector, after the fixed columns
+# (features [M, F], dirs [M, 3], batch positions of the cameras [M]) -> colours [M, D]
+PairColors = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class _ScatterRows(torch.autograd.Function):
@@ -168,26 +181,27 @@ def _pack(pairs: Pairs, local_cam: Tensor, dtype: torch.dtype) -> Tensor:
     ], dim=1)
 
 
-def _unpack(payload: Tensor, D: int, dtype: torch.dtype, absgrad: bool = False
-            ) -> Tuple[Pairs, Optional[Tensor]]:
-    """[M, F] payload -> Pairs of the receiving rank's own cameras, sorted by camera, and
-    (absgrad) the senders' sinks in the same order. The Gaussian ids are unknown here
-    (-1): stage (b) never reads them."""
+def _unpack(payload: Tensor, D: int, dtype: torch.dtype, absgrad: bool = False, dirs: int = 0
+            ) -> Tuple[Pairs, Optional[Tensor], Optional[Tensor]]:
+    """[M, F] payload -> Pairs of the receiving rank's own cameras, sorted by camera,
+    (absgrad) the senders' sinks and (dirs = 3, pair_colors) the pairs' directions, in the
+    same order. The Gaussian ids are unknown here (-1): stage (b) never reads them."""
     # Arrivals are ordered (source rank, camera, Gaussian); a stable sort by camera gives
     # (camera, source rank, Gaussian) = (camera, global Gaussian id) for contiguous chunks,
     # the order of the one-process render. int32 keys: half the radix passes of int64.
     cam_col = payload[:, PAYLOAD_FIXED - 3 + D].detach()
     order = torch.argsort(cam_col.to(torch.int32), stable=True)
     rows = _GatherRows.apply(payload, order)
-    parts = torch.split(rows, [2, 1, 3, 1, D, 1, 2] + ([2] if absgrad else []), 1)
+    parts = list(torch.split(rows, [2, 1, 3, 1, D, 1, 2] + ([dirs] if dirs else []) + ([2] if absgrad else []), 1))
     means2d, depths, conics, opac, colors, cam, radii = parts[:7]
+    pair_dirs = parts.pop(7).to(dtype) if dirs else None
     pairs = Pairs(
         camera_ids=cam[:, 0].long(), gaussian_ids=torch.full_like(cam[:, 0], -1, dtype=torch.int64),
         radii=radii.to(torch.int32), means2d=means2d.to(dtype),
         depths=depths[:, 0].to(dtype), conics=conics.to(dtype),
         opacities=opac[:, 0].to(dtype), colors=colors.to(dtype),
     )
-    return pairs, (parts[7].to(dtype) if absgrad else None)
+    return pairs, (parts[7].to(dtype) if absgrad else None), pair_dirs
 
 
 @lru_cache(maxsize=32)
@@ -268,6 +282,7 @@ def distributed_rasterize(
     group: Optional[dist.ProcessGroup] = None,
     check_cameras: bool = True,
     absgrad: bool = False,
+    pair_colors: Optional[PairColors] = None,
     **render_kwargs: Any,
 ) -> Tuple[Tensor, Tensor, Dict[str, Any]]:
     """Renders this rank's cameras from every rank's Gaussians; call it on every rank of
@@ -290,6 +305,14 @@ def distributed_rasterize(
     each pair's absolute 2D-mean gradient from its owner's rasterizer; it rides home in
     two more payload columns of the reverse all-to-all (render/absgrad.py).
 
+    pair_colors (a receiver-side colour model, e.g. appearance optimization): `colors` are
+    then per-Gaussian features [N, F] (sh_degree None), and the rank that renders a pair
+    computes its colour as pair_colors(features [M, F], dirs [M, 3], cameras [M]) -> [M, D]:
+    the pair's Gaussian features, the vector from its camera's centre to the Gaussian
+    (unnormalised, as gsplat's SH directions), and the batch position of its camera. Gradients
+    flow back to the features and, through dirs, to the means. The payload carries the F
+    features and dirs instead of colours; no extra collective.
+
     Every rank must call backward on a loss built from its returned renders (also a rank
     with C_own = 0: `render_colors.sum()` is then 0 but still reaches the exchange),
     because the backward all-to-all needs every rank; scale each rank's loss by the global
@@ -305,7 +328,7 @@ def distributed_rasterize(
     local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
                      camera_owner, sh_degree, packed, backend, check_cameras, opts,
                      sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group, absgrad,
-                     pack=not direct)
+                     pack=not direct, pair_colors=pair_colors)
     # The grad column also says whether the payload carries absgrad columns (bit 1).
     grad_flag = int(local.needs_grad) + 2 * int(local.needs_grad and absgrad)
     send = torch.stack([
@@ -321,16 +344,21 @@ def distributed_rasterize(
     # already there (a stable sort puts them first): no host->device copy, no sync.
     own_idx = torch.argsort((local.owner != me).long(), stable=True)[:n_own]  # [C_own]
     if direct:  # every camera is this rank's, in batch order: camera_ids are own ids
-        render_colors, render_alphas = _rasterize_own(local.pairs, local.sink, own_idx, width, height,
+        pairs = local.pairs
+        if pair_colors is not None:
+            pairs = pairs.with_colors(_call_pair_colors(pair_colors, pairs.colors, local.dirs,
+                                                        own_idx[pairs.camera_ids], opts["backgrounds"]))
+        render_colors, render_alphas = _rasterize_own(pairs, local.sink, own_idx, width, height,
                                                       local.backend, opts)
     else:
         received = ex.all_to_all(local.payload, send_splits, recv_splits, group)  # [M_recv, F]
         render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
-                                                   local.backend, opts, grad_flag >= 2)
+                                                   local.backend, opts, grad_flag >= 2, pair_colors)
 
     meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
     meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
-    F = PAYLOAD_FIXED + local.pairs.colors.shape[-1] + (2 if grad_flag >= 2 else 0)
+    F = (PAYLOAD_FIXED + local.pairs.colors.shape[-1] + (DIRS if pair_colors is not None else 0)
+         + (2 if grad_flag >= 2 else 0))
     itemsize = torch.promote_types(means.dtype, torch.float32).itemsize
     meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, local.needs_grad,
                                staging.host_syncs() - syncs_before, staging.staged(group))
@@ -351,6 +379,7 @@ class _Local:
     dense: Optional[Dict[str, Tensor]] = None
     payload: Optional[Tensor] = None  # [M, F] rows grouped by destination rank (pack=True)
     sink: Optional[Tensor] = None  # [M, 2] absgrad sink of `pairs` (pack=False, absgrad)
+    dirs: Optional[Tensor] = None  # [M, 3] camera centre -> Gaussian (pack=False, pair_colors)
     error: Optional[BaseException] = None
 
 
@@ -359,7 +388,7 @@ def _prepare(
     viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
     sh_degree: Optional[int], packed: bool, backend: str, check_cameras: bool,
     opts: Dict[str, Any], unknown: List[str], group: Optional[dist.ProcessGroup],
-    absgrad: bool = False, pack: bool = True,
+    absgrad: bool = False, pack: bool = True, pair_colors: Optional[PairColors] = None,
 ) -> _Local:
     """Validate, project, count and (pack=True) pack. Never raises: a failure becomes a
     status that the count exchange carries to every rank. pack=False (one rank): no
@@ -376,8 +405,14 @@ def _prepare(
         if unknown:
             raise ValueError(f"{FN}: unknown keyword arguments {unknown} (`render_kwargs` takes "
                              f"{', '.join(_RENDER_DEFAULTS)})")
+        if pair_colors is not None and not callable(pair_colors):
+            raise ValueError(f"{FN}: `pair_colors` must be a function (features, dirs, cameras) -> "
+                             f"colours, got {type(pair_colors).__name__}")
+        if pair_colors is not None and sh_degree is not None:
+            raise ValueError(f"{FN}: with `pair_colors`, `colors` are per-Gaussian features [N, F], "
+                             f"not SH coefficients: pass sh_degree=None (got {sh_degree})")
         resolved = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width,
-                             height, camera_owner, sh_degree, backend, opts, device)
+                             height, camera_owner, sh_degree, backend, opts, device, pair_colors is not None)
     except ValueError as e:
         return failed(ex.encode(ex.INVALID, ex.argument_index(str(e))), e)
     try:
@@ -398,6 +433,10 @@ def _prepare(
         safe_owner = owner.clamp(0, W - 1)  # a bad owner is reported, never indexed with
         needs_grad = any(t.requires_grad for t in (pairs.means2d, pairs.depths, pairs.conics,
                                                    pairs.opacities, pairs.colors))
+        dirs = None
+        if pair_colors is not None:  # [M, 3] from each pair's camera centre to its Gaussian
+            dirs = means[pairs.gaussian_ids] - camera_centers(viewmats)[pairs.camera_ids]
+            needs_grad = needs_grad or dirs.requires_grad
         sink = None
         if absgrad and needs_grad:  # two zero columns whose gradient is the absgrad
             sink = attach_sink(pairs, dense, pairs.means2d if dense is None else dense["means2d"])
@@ -405,10 +444,12 @@ def _prepare(
             counts = torch.full((W,), len(pairs), dtype=torch.int64, device=device)  # W = 1
             return _Local(status=status, checksum=checksum, counts=counts, owner=owner,
                           needs_grad=needs_grad, backend=resolved, pairs=pairs, dense=dense,
-                          sink=sink)
+                          sink=sink, dirs=dirs)
         counts, position = _destinations(pairs.camera_ids, safe_owner, W)
         payload_dtype = torch.promote_types(means.dtype, torch.float32)
         payload = _pack(pairs, _local_camera_ids(safe_owner, W), payload_dtype)
+        if dirs is not None:
+            payload = torch.cat([payload, dirs.to(payload_dtype)], dim=1)  # [M, F + 3]
         if sink is not None:
             payload = torch.cat([payload, sink.to(payload_dtype)], dim=1)  # [M, F + 2]
         # Grouped by destination rank: every row moves once, to its own position.
@@ -425,16 +466,36 @@ def _render_own(
     received: Tensor,  # [M_recv, F] payload rows from every rank
     own_idx: Tensor,  # [C_own] batch positions of this rank's cameras
     dtype: torch.dtype, width: int, height: int, backend: str, opts: Dict[str, Any],
-    absgrad: bool = False,
+    absgrad: bool = False, pair_colors: Optional[PairColors] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Stage (b) on this rank's cameras: colors [C_own, H, W, D'], alphas [C_own, H, W, 1].
-    absgrad: the payload's last two columns are the senders' absgrad sinks."""
+    absgrad: the payload's last two columns are the senders' absgrad sinks; pair_colors:
+    the colour columns are features, followed by the pairs' dirs."""
     # Also with C_own = 0 or no pair received: the render layer then returns empty or
     # background images that stay in the autograd graph of the received payload, so this
     # rank's backward still runs the reverse all-to-all its peers wait in.
-    D = received.shape[1] - PAYLOAD_FIXED - (2 if absgrad else 0)
-    pairs, sink = _unpack(received, D, dtype, absgrad)
+    extra = DIRS if pair_colors is not None else 0
+    D = received.shape[1] - PAYLOAD_FIXED - extra - (2 if absgrad else 0)
+    pairs, sink, dirs = _unpack(received, D, dtype, absgrad, extra)
+    if pair_colors is not None:
+        pairs = pairs.with_colors(_call_pair_colors(pair_colors, pairs.colors, dirs, own_idx[pairs.camera_ids],
+                                                    opts["backgrounds"]))
     return _rasterize_own(pairs, sink, own_idx, width, height, backend, opts)
+
+
+def _call_pair_colors(fn: PairColors, features: Tensor, dirs: Tensor, cameras: Tensor,
+                      backgrounds: Optional[Tensor]) -> Tensor:
+    """fn's colours [M, D], checked: a wrong shape would otherwise fail deep in a kernel.
+    Raised on the rendering rank only (its peers are then in the backward exchange or done):
+    the same model on every rank fails alike."""
+    out = fn(features, dirs, cameras)
+    if not isinstance(out, Tensor) or out.dim() != 2 or out.shape[0] != features.shape[0]:
+        raise ValueError(f"{FN}: `pair_colors` must return a tensor [M, D] with M = {features.shape[0]} "
+                         f"pairs, got {tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
+    if backgrounds is not None and backgrounds.shape[1] != out.shape[1]:
+        raise ValueError(f"{FN}: `backgrounds` has {backgrounds.shape[1]} channels but `pair_colors` "
+                         f"returns {out.shape[1]}")
+    return out
 
 
 def _rasterize_own(

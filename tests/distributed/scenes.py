@@ -178,3 +178,27 @@ def train_loop(rank: int, W: int, steps: int, batch_size: int, lr: float,
         loss.backward()
         opt.step()
     return {k: v.detach().cpu() for k, v in params.items()}
+
+
+# ------------------------------------------------- a receiver-side colour model (pair_colors)
+
+FEATURES = 5
+
+
+def pair_color_setup(name: str, W: int, seed: int):
+    """A case's layout with per-Gaussian features [N, FEATURES] in place of colours, and a
+    fixed toy colour model of (features, camera-to-Gaussian direction, camera): what
+    appearance optimization's MLP and per-image embeddings compute, without training them."""
+    layout = case_layout(name, W)
+    N, C = layout["gaussians"]["means"].shape[0], layout["viewmats"].shape[0]
+    g = torch.Generator().manual_seed(seed)
+    layout["gaussians"]["colors"] = torch.randn(N, FEATURES, generator=g, dtype=DTYPE)
+    A = torch.randn(FEATURES, 3, generator=g, dtype=DTYPE)
+    B = torch.randn(3, 3, generator=g, dtype=DTYPE)
+    bias = torch.randn(C, 3, generator=g, dtype=DTYPE)  # one "embedding" per batch camera
+
+    def colour_model(features: Tensor, dirs: Tensor, cameras: Tensor) -> Tensor:
+        d = dirs / dirs.norm(dim=-1, keepdim=True)
+        return torch.sigmoid(features @ A + d @ B + bias[cameras])
+
+    return layout, colour_model

@@ -264,3 +264,27 @@ def fail_or_hang(ctx: DistContext, mode: str) -> int:
         time.sleep(120)
     dist.barrier()
     return ctx.rank
+
+
+# ------------------------------------------------- receiver-side colours (pair_colors)
+
+
+def pair_color_cases(ctx: DistContext, names: List[str], seed: int) -> Dict[str, Any]:
+    """render_cases with per-Gaussian features and a colour model the rendering rank
+    evaluates on the pairs it receives (distributed_rasterize's pair_colors)."""
+    from scenes import pair_color_setup
+
+    out = {}
+    for name in names:
+        layout, colour_model = pair_color_setup(name, ctx.world_size, seed)
+        params = _local_params(layout, ctx.rank)
+        kwargs = dict(layout["render_kwargs"])
+        colors, alphas, meta = distributed_rasterize(
+            *params, layout["viewmats"], layout["Ks"], 32, 24, layout["owner"], sh_degree=None,
+            packed=layout["packed"], backend="torch", pair_colors=colour_model, **kwargs)
+        own = (layout["owner"] == ctx.rank).nonzero()[:, 0]
+        weighted_loss(colors, alphas, own, seed).backward()
+        out[name] = {"own": own, "colors": colors.detach(), "alphas": alphas.detach(),
+                     "grads": [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params],
+                     "comm": meta["comm"]}
+    return out

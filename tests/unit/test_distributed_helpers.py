@@ -98,8 +98,8 @@ def test_pack_unpack_round_trip_sorts_by_camera():
     local = torch.tensor([1, 0, 7, 0])  # batch camera -> receiver's camera; reorders the pairs
     payload = _pack(pairs, local, torch.float32)
     assert payload.shape == (M, 10 + D)
-    out, sink = _unpack(payload, D, torch.float32)
-    assert sink is None
+    out, sink, dirs = _unpack(payload, D, torch.float32)
+    assert sink is None and dirs is None
     order = torch.argsort(local[pairs.camera_ids], stable=True)
     assert torch.equal(out.camera_ids, local[pairs.camera_ids][order])
     assert torch.equal(out.radii, pairs.radii[order]) and out.radii.dtype == torch.int32
