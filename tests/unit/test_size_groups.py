@@ -5,7 +5,7 @@ The grouping is checked against a direct enumeration; the merge against gsplat's
 DefaultStrategy normalization applied to each size's render on its own (n_cameras = the
 global batch, which every group's loss is divided by): the merged meta must leave the
 strategy's accumulators (grad2d, count) as those separate updates do, and give every pair
-its radius in its own image's units.
+its radius in its own image's units."""
 
 from __future__ import annotations
 
