@@ -75,3 +75,40 @@ def test_mixed_size_training_is_w_invariant(run_workers, tmp_path):
     assert np.isfinite(m1["val_psnr"]) and m1["val_psnr"] > 15, m1
     assert abs(m1["val_psnr"] - m2["val_psnr"]) < 1e-3, (m1["val_psnr"], m2["val_psnr"])
     assert abs(m1["val_ssim"] - m2["val_ssim"]) < 1e-4, (m1["val_ssim"], m2["val_ssim"])
+
+
+# Two COLMAP cameras of different models and sizes: SIMPLE_RADIAL 64x48 (undistorted on
+# load to a 63x47 pinhole crop) and a portrait PINHOLE 48x64.
+TWO_CAMERAS = [("SIMPLE_RADIAL", [60.0, 32.3, 23.8, -0.06], 64, 48), ("PINHOLE", [45.0, 45.0, 24.0, 32.0], 48, 64)]
+CLI_STEPS = 60
+
+
+@pytest.mark.slow  # the real CLI under torchrun, 2 ranks, ~35 s on 2 shared cores
+def test_two_camera_mixed_size_capture_trains_from_the_cli(tmp_path):
+    pytest.importorskip("pycolmap", reason="pycolmap (dev extra) makes the distorted images")
+    import json
+    import os
+
+    from tests.unit.data_helpers import make_distorted_colmap
+    from torchrun_cli import torchrun
+
+    data = make_distorted_colmap(tmp_path / "capture", TWO_CAMERAS, num_cameras=12)
+    out = tmp_path / "run"
+    # --test_every 3: test images 0, 3, 6, 9 of both cameras; --batch_size 2: 4 cameras a step
+    p = torchrun(["default", "--data_dir", str(data), "--data_factor", "1", "--result_dir", str(out),
+                  "--max_steps", str(CLI_STEPS), "--eval_steps", "10", str(CLI_STEPS), "--sh_degree", "1",
+                  "--test_every", "3", "--batch_size", "2", "--num_workers", "1", "--prefetch", "1",
+                  "--disable_viewer"], timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "cameras at 48x64, 63x47" in p.stderr, p.stderr[-2000:]  # both sizes, each its own
+    early = json.loads((out / "stats" / "val_step0010.json").read_text())
+    final = json.loads((out / "stats" / f"val_step{CLI_STEPS:04d}.json").read_text())
+    log = os.environ.get("DISTSPLAT_CAPTURES_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"capture": "mixed_sizes", "early_psnr": early["psnr"], "final_psnr": final["psnr"],
+                                "num_GS": final["num_GS"]}) + "\n")
+    # As test_captures.py: initialised at the ground truth's centres, training must raise
+    # the held-out PSNR of both sizes' test images.
+    assert final["num_test_images"] == 4
+    assert final["psnr"] > early["psnr"] + 0.5, (early["psnr"], final["psnr"])
