@@ -302,7 +302,8 @@ class Trainer:
         # One render per image size of the batch (one for a single-size scene), in the same
         # order on every rank. Sum of own images' losses / global batch: the ranks' gradients
         # add up to those of the mean loss over the global batch, whatever W is.
-        groups = size_groups(self.widths[scene_cams.numpy()], self.heights[scene_cams.numpy()], batch.camera_owner, self.ctx.rank)
+        sizes = (self.widths[scene_cams.numpy()], self.heights[scene_cams.numpy()])  # [C], [C]
+        groups = size_groups(*sizes, batch.camera_owner, self.ctx.rank)
         loss, metas = 0.0, []
         for grp in groups:
             colors, _, meta = distributed_rasterize(
@@ -422,7 +423,8 @@ class Trainer:
         names = [self.scene.names[i] for i in self.test_idx.tolist()]
         stats, per_image = evaluate(
             lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[test], self.Ks[test],
-            self.widths[self.test_idx.numpy()], self.heights[self.test_idx.numpy()], read, names, ctx, self.cfg.sh_degree, self._render_kwargs(),
+            self.widths[self.test_idx.numpy()], self.heights[self.test_idx.numpy()], read, names, ctx,
+            self.cfg.sh_degree, self._render_kwargs(),
             self.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
         )
         stats.update(num_GS=self.n_all, elapsed=elapsed, step=step)
@@ -457,7 +459,8 @@ class Trainer:
         frames = self.result_dir / "videos" / f"traj_{cfg.render_traj_path}_step{self.start_step:04d}"
         first = int(self.train_idx[0])  # the path is seen through the first training camera, at its size
         n = render_frames(lambda: activated(self.params, cfg.sh_degree), viewmats, self.Ks[first],
-                          int(self.widths[first]), int(self.heights[first]), self.ctx, cfg.sh_degree, self._render_kwargs(), frames)
+                          int(self.widths[first]), int(self.heights[first]), self.ctx, cfg.sh_degree,
+                          self._render_kwargs(), frames)
         mp4 = write_mp4(frames, n, frames.with_suffix(".mp4"), cfg.render_fps) if self.ctx.is_main else None
         if self.ctx.is_main:
             log.info("rendered %d frames (RGB | depth) to %s%s", n, frames, f" and {mp4}" if mp4 else "")
