@@ -1,7 +1,7 @@
 """Cost of mixed image sizes (issue 16): one training step's render + loss + backward for a
 batch of 4 cameras whose sizes differ, against a single-size batch of the same pixels.
 
-Configurations (every batch 4 cameras, 9216 pixels, but the padded ones):
+Configurations (every batch 4 cameras, 9216 pixels, but the padded ones; sides x SCALE):
   single   4 x 48x48, one `distributed_rasterize` call (the single-size scene)
   mixed2   2 x 64x48 + 2 x 48x32: one call per size (train/size_groups.py), 2 calls
   mixed4   64x36, 48x48, 36x64, 72x32 (2304 px each): 4 calls, the worst case of 4
@@ -9,12 +9,16 @@ Configurations (every batch 4 cameras, 9216 pixels, but the padded ones):
            alternative design: 12288 px)
   padded4  mixed4 padded to 72x64 (18432 px)
 
-W gloo CPU processes (W=1 and W=2 by default); each rank holds its chunk of one seeded
+Every camera has the same focal length in pixels, so a camera's pixels see a proportional
+area of the scene and the same pixels mean about the same projected pairs (reported); a
+padded image sees its padding too (the naive padding renders it). W gloo CPU processes
+(W=1 and W=2 by default); each rank holds its chunk of one seeded
 random scene (N Gaussians), owners rank-major as the batcher's. Steps of the
 configurations are interleaved (round robin) so that the machine's load hits them alike;
 the median per configuration is reported.
 
-    NGAUSS=20000 STEPS=12 WORLD="1,2" python benchmarks/bench_mixed_sizes.py
+    NGAUSS=5000 STEPS=15 WORLD="1,2" python benchmarks/bench_mixed_sizes.py     # -> mixed_sizes_cpu.json
+    SCALE=2 NGAUSS=20000 STEPS=6 python benchmarks/bench_mixed_sizes.py        # -> mixed_sizes_cpu_x2.json
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_result  # noqa: E402
 from benchmarks.procs import run_ranks  # noqa: E402
 
+SCALE = int(os.environ.get("SCALE", 1))  # image sides and focal length x SCALE
 CONFIGS: Dict[str, List[Tuple[int, int]]] = {  # (w, h) per batch camera, in batch order
     "single": [(48, 48)] * 4,
     "mixed2": [(64, 48), (48, 32), (64, 48), (48, 32)],  # each rank of W=2 owns one of each size
     "mixed4": [(64, 36), (48, 48), (36, 64), (72, 32)],
 }
+CONFIGS = {k: [(w * SCALE, h * SCALE) for w, h in v] for k, v in CONFIGS.items()}
 PADDED = {"padded2": "mixed2", "padded4": "mixed4"}
 
 
@@ -53,9 +59,11 @@ def _lookat(eye: torch.Tensor) -> torch.Tensor:
     return V
 
 
+FOCAL = 40.0 * SCALE  # px, every camera: the same pixel density, so the same pixels see the same area
+
+
 def _K(w: int, h: int) -> torch.Tensor:
-    f = 0.9 * max(w, h)  # the same field of view across the larger side
-    return torch.tensor([[f, 0.0, w / 2], [0.0, f, h / 2], [0.0, 0.0, 1.0]])
+    return torch.tensor([[FOCAL, 0.0, w / 2], [0.0, FOCAL, h / 2], [0.0, 0.0, 1.0]])
 
 
 def worker(ctx, n_all: int, steps: int) -> Dict[str, List[float]]:
@@ -74,18 +82,19 @@ def worker(ctx, n_all: int, steps: int) -> Dict[str, List[float]]:
                             for t in (0.0, 1.6, 3.2, 4.8)])  # [4, 4, 4]
     owner = torch.arange(W).repeat_interleave(4 // W)  # [4] rank-major
 
-    def step(sizes: List[Tuple[int, int]], pad: bool) -> None:
+    def step(sizes: List[Tuple[int, int]], pad: bool) -> int:
         ws, hs = [w for w, _ in sizes], [h for _, h in sizes]
         if pad:  # one call at the bounding size; each image's loss over its own pixels only
             groups = size_groups([max(ws)] * 4, [max(hs)] * 4, owner.tolist(), r)
         else:
             groups = size_groups(ws, hs, owner.tolist(), r)
-        loss = 0.0
+        loss, pairs = 0.0, 0
         for grp in groups:
             Ks = torch.stack([_K(ws[p], hs[p]) for p in grp.positions.tolist()])  # [C_g, 3, 3]
-            colors, _, _ = distributed_rasterize(
+            colors, _, meta = distributed_rasterize(
                 params["means"], params["quats"], params["scales"], params["opacities"], params["colors"],
                 grp.select(viewmats), Ks, grp.width, grp.height, grp.select(owner), backend="torch")
+            pairs += len(meta["gaussian_ids"])
             target = torch.full_like(colors, 0.5)
             if pad:
                 mask = torch.zeros_like(colors[..., :1])
@@ -97,39 +106,43 @@ def worker(ctx, n_all: int, steps: int) -> Dict[str, List[float]]:
         loss.backward()
         for v in params.values():
             v.grad = None
+        return pairs
 
     names = list(CONFIGS) + list(PADDED)
     times: Dict[str, List[float]] = {n: [] for n in names}
+    pairs = {}
     for i in range(steps + 2):  # 2 warm-up rounds
         for n in names:
             sizes = CONFIGS[PADDED.get(n, n)]
             barrier()
             t0 = time.perf_counter()
-            step(sizes, n in PADDED)
+            pairs[n] = step(sizes, n in PADDED)  # this rank's projected pairs
             barrier()
             if i >= 2:
                 times[n].append(time.perf_counter() - t0)
-    return times
+    return {"times": times, "pairs": pairs}
 
 
 def main() -> None:
-    n_all = int(os.environ.get("NGAUSS", 20000))
-    steps = int(os.environ.get("STEPS", 12))
+    n_all = int(os.environ.get("NGAUSS", 5000))
+    steps = int(os.environ.get("STEPS", 15))
     worlds = [int(w) for w in os.environ.get("WORLD", "1,2").split(",")]
     results = {}
     for W in worlds:
-        times = run_ranks(worker, W, n_all, steps)[0]  # rank 0's: the barriers make them the step's
+        out = run_ranks(worker, W, n_all, steps)
+        times = out[0]["times"]  # rank 0's: the barriers make them the step's
         med = {n: statistics.median(t) for n, t in times.items()}
         results[f"W{W}"] = {
             "median_step_s": {n: round(v, 5) for n, v in med.items()},
             "relative_to_single": {n: round(v / med["single"], 3) for n, v in med.items()},
+            "visible_pairs": {n: sum(o["pairs"][n] for o in out) for n in med},
         }
         print(f"W={W}: " + ", ".join(f"{n} {v * 1e3:.1f} ms ({v / med['single']:.2f}x)" for n, v in med.items()))
     pixels = {n: sum(w * h for w, h in s) for n, s in CONFIGS.items()}
     pixels.update({p: 4 * max(w for w, _ in CONFIGS[m]) * max(h for _, h in CONFIGS[m]) for p, m in PADDED.items()})
-    path = write_result("mixed_sizes_cpu", {
+    path = write_result("mixed_sizes_cpu" + (f"_x{SCALE}" if SCALE != 1 else ""), {
         "what": "render + photometric loss + backward of one 4-camera batch, torch backend, gloo CPU ranks",
-        "gaussians": n_all, "steps_timed": steps, "batch_sizes_wh": CONFIGS,
+        "gaussians": n_all, "steps_timed": steps, "scale": SCALE, "batch_sizes_wh": CONFIGS,
         "padded_from": PADDED, "pixels_per_batch": pixels, "results": results,
     })
     print(f"wrote {path}")
