@@ -28,7 +28,7 @@ MCMC reads nothing from the render."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -47,12 +47,21 @@ class SizeGroup:
     positions: Tensor  # [C_g] int64 batch positions, ascending
     own: List[int]  # indices into this rank's own cameras of the batch (batch order) that are in the group
     whole: bool  # the group is the whole batch (a single-size batch): select() returns its input
+    _on: Dict[torch.device, Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def positions_on(self, device: torch.device) -> Tensor:
+        """`positions` on `device`, copied once per step and device (pinned and queued on CUDA:
+        no host sync)."""
+        if device not in self._on:
+            src = self.positions.pin_memory() if device.type == "cuda" else self.positions
+            self._on[device] = src.to(device, non_blocking=True)
+        return self._on[device]
 
     def select(self, x: Optional[Tensor]) -> Optional[Tensor]:
         """Rows of a per-batch-camera tensor [C, ...] -> [C_g, ...] (None stays None)."""
         if x is None or self.whole:
             return x
-        return x[self.positions.to(x.device)]
+        return x[self.positions_on(x.device)]
 
 
 def size_groups(
@@ -141,7 +150,7 @@ def merge_meta(metas: List[Dict[str, Any]], groups: List[SizeGroup], n_cameras: 
         "radii": torch.cat([m["radii"].float() * s for m, s in zip(metas, radius_scale)]),
         "gaussian_ids": cat("gaussian_ids") if packed else None,
         # batch positions: each group's camera ids index its own call's cameras
-        "camera_ids": torch.cat([g.positions.to(m["camera_ids"].device)[m["camera_ids"]]
+        "camera_ids": torch.cat([g.positions_on(m["camera_ids"].device)[m["camera_ids"]]
                                  for m, g in zip(metas, groups)]) if packed else None,
         "width": W0, "height": H0, "n_cameras": n_cameras, "packed": packed,
         "groups": metas,

@@ -3,6 +3,7 @@
     batch = shared-seed CameraBatcher (same on every rank; this rank's own cameras)
     images = ImageLoader(own cameras only, prefetched)
     render = distributed_rasterize(local Gaussians, all batch cameras)   # own cameras out
+             (one call per image size in the batch: size_groups.py)
     loss   = photometric loss of own cameras / global batch (+ regularizers)
     backward (the reverse exchange), per-rank Adam on local Gaussians
     densification on local Gaussians; rebalance when ranks drift apart
