@@ -103,7 +103,8 @@ def load_blender(
     if len(set(sizes)) > 1:
         bad = next(i for i, s in enumerate(sizes) if s != sizes[0])
         raise DataError(f"{source.where(bad)}: image is {sizes[bad][0]}x{sizes[bad][1]}, the others {sizes[0][0]}x{sizes[0][1]} "
-                        f"(one camera_angle_x describes all frames)")
+                        f"(one camera_angle_x describes all frames): resize the frames to one size, or bring the "
+                        "capture as COLMAP or nerfstudio's transforms.json, whose cameras carry their own size")
     w, h = sizes[0]
     K = _intrinsics(train_file, meta, w, h)
     C = len(names)

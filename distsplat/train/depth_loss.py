@@ -17,7 +17,7 @@ camera and inside its image, occluded or not: a stand-in for tests, said in a wa
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -44,8 +44,9 @@ def project_points(points: np.ndarray, viewmat: np.ndarray, K: np.ndarray, width
 class DepthTargets:
     """The SfM depth targets of this rank's cameras (scene indices), built once at setup."""
 
-    def __init__(self, scene: Scene, cameras: Sequence[int], width: int, height: int, scene_scale: float,
-                 device: torch.device, warn: bool = False):
+    def __init__(self, scene: Scene, cameras: Sequence[int], width: Optional[int], height: Optional[int],
+                 scene_scale: float, device: torch.device, warn: bool = False):
+        """width, height: the images' size, or None for each camera's own (scene.widths/heights)."""
         if len(scene.points) == 0:
             raise ValueError("--depth_loss needs the scene's sparse SfM points (COLMAP points3D with tracks); "
                              "this scene has none: train without --depth_loss")
@@ -58,9 +59,11 @@ class DepthTargets:
         self.targets: Dict[int, Dict[str, Tensor]] = {}
         for c in cameras:
             seen = points if scene.point_tracks is None else points[scene.point_tracks[c]]
-            p = project_points(seen, viewmats[c], scene.Ks[c], width, height)
+            w = int(scene.widths[c]) if width is None else width
+            h = int(scene.heights[c]) if height is None else height
+            p = project_points(seen, viewmats[c], scene.Ks[c], w, h)
             # gsplat's normalization for grid_sample(align_corners=True): pixel 0 -> -1, W-1 -> 1.
-            grid = np.stack([p["uv"][:, 0] / (width - 1) * 2 - 1, p["uv"][:, 1] / (height - 1) * 2 - 1], -1)
+            grid = np.stack([p["uv"][:, 0] / (w - 1) * 2 - 1, p["uv"][:, 1] / (h - 1) * 2 - 1], -1)
             self.targets[int(c)] = {"grid": torch.from_numpy(grid).to(device),  # [P_c, 2]
                                     "depth": torch.from_numpy(p["depth"]).to(device)}  # [P_c]
 

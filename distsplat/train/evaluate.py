@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from torch import Tensor
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds, distributed_rasterize
 from .losses import psnr, ssim_eval
 from .outputs import save_image
+from .size_groups import size_groups
 
 METRICS = ("psnr", "ssim", "lpips")  # rows of the per-image score matrix
 
@@ -37,8 +38,8 @@ def evaluate(
     render_args: Callable[[], Dict[str, Tensor]],  # the activated Gaussians (local chunk)
     viewmats: Tensor,  # [C_test, 4, 4] all test cameras
     Ks: Tensor,  # [C_test, 3, 3]
-    width: int,
-    height: int,
+    width: Union[int, Sequence[int]],  # the test images' width, or each one's [C_test]
+    height: Union[int, Sequence[int]],
     read_image: Callable[[int], Tensor],  # test position -> [H, W, 3] float (own cameras only)
     names: Sequence[str],  # [C_test]
     ctx: DistContext,
@@ -59,17 +60,23 @@ def evaluate(
     rounds = max(end - start for start, end in bounds)
     scores = torch.zeros(len(METRICS), n_test, dtype=torch.float64, device=viewmats.device)
     g = render_args()
+    widths = np.broadcast_to(np.asarray(width, dtype=np.int64), (n_test,))
+    heights = np.broadcast_to(np.asarray(height, dtype=np.int64), (n_test,))
     for j in range(rounds):
-        # One camera per rank per round (ranks whose share ran out render none).
+        # One camera per rank per round (ranks whose share ran out render none), one render
+        # per image size among them, in the same order on every rank (size_groups.py).
         pos = [start + j for start, end in bounds if start + j < end]
         owner = [r for r, (start, end) in enumerate(bounds) if start + j < end]
-        colors, _, _ = distributed_rasterize(
-            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-            viewmats[pos], Ks[pos], width, height,
-            torch.tensor(owner, dtype=torch.int64, device=viewmats.device),
-            sh_degree=sh_degree, **render_kwargs,
-        )
-        if ctx.rank in owner:
+        for grp in size_groups(widths[pos], heights[pos], owner, ctx.rank):
+            at = [pos[i] for i in grp.positions.tolist()]
+            colors, _, _ = distributed_rasterize(
+                g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+                viewmats[at], Ks[at], grp.width, grp.height,
+                torch.tensor([owner[i] for i in grp.positions.tolist()], dtype=torch.int64, device=viewmats.device),
+                sh_degree=sh_degree, **render_kwargs,
+            )
+            if not grp.own:
+                continue
             p = pos[owner.index(ctx.rank)]
             render = colors[0].clamp(0, 1)
             gt = read_image(p)

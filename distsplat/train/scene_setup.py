@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -71,22 +70,3 @@ def scene_scale(scene: Scene, global_scale: float = 1.0) -> float:
     centers = scene.camtoworlds[:, :3, 3]
     radius = float(np.linalg.norm(centers - centers.mean(0), axis=1).max())
     return max(radius, 1e-6) * 1.1 * global_scale
-
-
-def check_single_size(scene: Scene, indices: Optional[np.ndarray] = None) -> None:
-    """A batch is rendered at one size: refuse scenes whose images differ in size."""
-    idx = np.arange(scene.num_cameras) if indices is None else indices
-    sizes: dict = {}  # (w, h) -> camera indices of that size
-    for i, w, h in zip(idx.tolist(), scene.widths[idx].tolist(), scene.heights[idx].tolist()):
-        sizes.setdefault((w, h), []).append(i)
-    if len(sizes) > 1:
-        where = scene.images.where if scene.images is not None else scene.names.__getitem__
-        counts = sorted(sizes.items(), key=lambda kv: -len(kv[1]))
-        listed = ", ".join(f"{len(c)} at {w}x{h} (e.g. {where(c[0])})" for (w, h), c in counts[:3])
-        undistorted = scene.undistort is not None and any(u is not None for u in scene.undistort)
-        raise DataError(
-            f"the scene's images have {len(sizes)} different sizes: {listed}; distsplat renders each "
-            "batch at one size: resize the images to one size"
-            + (" (distorted cameras are undistorted to pinhole crops of their own size: cameras of different "
-               "models or distortions give different sizes, and mixed sizes are not supported yet)" if undistorted else "")
-        )

@@ -3,6 +3,7 @@
     batch = shared-seed CameraBatcher (same on every rank; this rank's own cameras)
     images = ImageLoader(own cameras only, prefetched)
     render = distributed_rasterize(local Gaussians, all batch cameras)   # own cameras out
+             (one call per image size in the batch: size_groups.py)
     loss   = photometric loss of own cameras / global batch (+ regularizers)
     backward (the reverse exchange), per-rank Adam on local Gaussians
     densification on local Gaussians; rebalance when ranks drift apart
@@ -53,7 +54,8 @@ from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
-from .scene_setup import check_single_size, load_scene, scene_scale
+from .scene_setup import load_scene, scene_scale
+from .size_groups import group_cameras, group_images, merge_meta, size_groups
 from .node_data import check_own_images
 from ..distributed.nodes import node_name
 
@@ -90,9 +92,10 @@ class Trainer:
         writes nothing, so that a failure leaves the result dir as it was."""
         cfg, ctx = self.cfg, self.ctx
         self.scene = scene = load_scene(cfg)
-        check_single_size(scene)
         cams = scene.camera_tensors(device=self.device)
         self.viewmats, self.Ks = cams["viewmats"], cams["Ks"]  # [C_all, 4, 4], [C_all, 3, 3]
+        # Every camera renders at its own size (size_groups.py); width/height: the first camera's
+        self.widths, self.heights = scene.widths.copy(), scene.heights.copy()  # [C_all] int64
         self.width, self.height = int(scene.widths[0]), int(scene.heights[0])
         self.scene_scale = scene_scale(scene, cfg.global_scale)
         self.train_idx = torch.as_tensor(scene.train, dtype=torch.int64)  # [C_train] scene indices
@@ -111,7 +114,7 @@ class Trainer:
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)
 
-        self.depth = (DepthTargets(scene, own.tolist(), self.width, self.height, self.scene_scale, self.device,
+        self.depth = (DepthTargets(scene, own.tolist(), None, None, self.scene_scale, self.device,
                                    warn=ctx.is_main) if cfg.depth_loss else None)  # own cameras' SfM depths
 
         # MCMC draws from torch's global RNG (multinomial, noise; the default strategy's split
@@ -124,7 +127,7 @@ class Trainer:
             self._resume(cfg.ckpt)
         self._init_memory_guard()
         self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
-                                            min_side=min(self.width, self.height))
+                                            min_side=int(min(scene.widths.min(), scene.heights.min())))
         self.lpips_skipped = None if self.lpips is not None else lpips_note
         if ctx.is_main:
             log.info("%s", lpips_note)
@@ -135,9 +138,10 @@ class Trainer:
             num_workers=cfg.num_workers, prefetch=cfg.prefetch, device=self.device,
         )
         if ctx.is_main:
-            log.info("scene: %d train / %d test cameras at %dx%d, scale %.3f; %d Gaussians on %d ranks",
-                     len(self.train_idx), len(self.test_idx), self.width, self.height,
-                     self.scene_scale, self.n_all, W)
+            sizes = sorted({(int(w), int(h)) for w, h in zip(scene.widths, scene.heights)})
+            log.info("scene: %d train / %d test cameras at %s, scale %.3f; %d Gaussians on %d ranks",
+                     len(self.train_idx), len(self.test_idx), ", ".join(f"{w}x{h}" for w, h in sizes[:4])
+                     + (f" (+{len(sizes) - 4} sizes)" if len(sizes) > 4 else ""), self.scene_scale, self.n_all, W)
 
     def _init_gaussians(self) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -283,31 +287,38 @@ class Trainer:
         cfg = self.cfg
         batch = self._batch(step)
         images = next(self.loader)
-        gt = images.stacked().to(self.device).float() / 255.0  # [C_own, H, W, 3] (already there)
         C = len(batch.cameras)
-        cams = to_device(self.train_idx[batch.cameras], self.device)
+        scene_cams = self.train_idx[batch.cameras]  # [C] scene indices
+        cams = to_device(scene_cams, self.device)
         sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
         backgrounds = None
         if cfg.random_bkgd:  # the same draw on every rank: seeded by the step
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
-        viewmats = self.viewmats[cams]  # [C, 4, 4]
+        viewmats, Ks = self.viewmats[cams], self.Ks[cams]  # [C, 4, 4], [C, 3, 3]
         if self.pose is not None:  # the learned corrections, identical on every rank
             viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
-        colors, alphas, meta = distributed_rasterize(
-            g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-            viewmats, self.Ks[cams], self.width, self.height,
-            to_device(batch.camera_owner, self.device), sh_degree=sh, **self._render_kwargs(backgrounds),
-            absgrad=getattr(self.strategy, "absgrad", False), render_mode="RGB" if self.depth is None else "RGB+ED",
-        )
-        if self.depth is not None:  # expected depth in the 4th channel
-            colors, depths = colors[..., :3], colors[..., 3:]
-        # Sum of own images' losses / global batch: the ranks' gradients add up to those of
-        # the mean loss over the global batch, whatever W is.
-        loss = photometric_loss(colors, gt, cfg.ssim_lambda) / C
-        if self.depth is not None:
-            loss = loss + cfg.depth_lambda * self.depth.loss(depths, images.cameras) / C
+        owner = to_device(batch.camera_owner, self.device)
+        # One render per image size of the batch (one for a single-size scene), in the same
+        # order on every rank. Sum of own images' losses / global batch: the ranks' gradients
+        # add up to those of the mean loss over the global batch, whatever W is.
+        sizes = (self.widths[scene_cams.numpy()], self.heights[scene_cams.numpy()])  # [C], [C]
+        groups = size_groups(*sizes, batch.camera_owner, self.ctx.rank)
+        loss, metas = 0.0, []
+        for grp in groups:
+            colors, _, meta = distributed_rasterize(
+                g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+                grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.select(owner), sh_degree=sh,
+                **self._render_kwargs(grp.select(backgrounds)), absgrad=getattr(self.strategy, "absgrad", False),
+                render_mode="RGB" if self.depth is None else "RGB+ED",
+            )
+            metas.append(meta)
+            gt = group_images(images, grp).to(self.device).float() / 255.0  # [C_own_g, H, W, 3] (already there)
+            loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda) / C
+            if self.depth is not None:  # expected depth in the 4th channel
+                loss = loss + cfg.depth_lambda * self.depth.loss(colors[..., 3:], group_cameras(images, grp)) / C
+        meta = merge_meta(metas, groups, C)  # what densification reads, as of one render
         if cfg.opacity_reg > 0:
             loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
         if cfg.scale_reg > 0:
@@ -405,14 +416,16 @@ class Trainer:
         test = self.test_idx.to(self.device)
 
         def read(pos: int) -> Tensor:
-            out = np.empty((self.height, self.width, 3), dtype=np.uint8)
-            self.cache.read_into(int(self.test_idx[pos]), out)
+            cam = int(self.test_idx[pos])
+            out = np.empty((self.heights[cam], self.widths[cam], 3), dtype=np.uint8)
+            self.cache.read_into(cam, out)
             return torch.from_numpy(out).to(self.device).float() / 255.0
 
         names = [self.scene.names[i] for i in self.test_idx.tolist()]
         stats, per_image = evaluate(
             lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[test], self.Ks[test],
-            self.width, self.height, read, names, ctx, self.cfg.sh_degree, self._render_kwargs(),
+            self.widths[self.test_idx.numpy()], self.heights[self.test_idx.numpy()], read, names, ctx,
+            self.cfg.sh_degree, self._render_kwargs(),
             self.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
         )
         stats.update(num_GS=self.n_all, elapsed=elapsed, step=step)
@@ -445,8 +458,10 @@ class Trainer:
         c2w = camera_path(cfg.render_traj_path, self.scene.camtoworlds[self.scene.train], cfg.render_traj_frames)
         viewmats = torch.from_numpy(np.linalg.inv(c2w)).float().to(self.device)  # [F, 4, 4]
         frames = self.result_dir / "videos" / f"traj_{cfg.render_traj_path}_step{self.start_step:04d}"
-        n = render_frames(lambda: activated(self.params, cfg.sh_degree), viewmats, self.Ks[self.train_idx[0]],
-                          self.width, self.height, self.ctx, cfg.sh_degree, self._render_kwargs(), frames)
+        first = int(self.train_idx[0])  # the path is seen through the first training camera, at its size
+        n = render_frames(lambda: activated(self.params, cfg.sh_degree), viewmats, self.Ks[first],
+                          int(self.widths[first]), int(self.heights[first]), self.ctx, cfg.sh_degree,
+                          self._render_kwargs(), frames)
         mp4 = write_mp4(frames, n, frames.with_suffix(".mp4"), cfg.render_fps) if self.ctx.is_main else None
         if self.ctx.is_main:
             log.info("rendered %d frames (RGB | depth) to %s%s", n, frames, f" and {mp4}" if mp4 else "")
@@ -487,8 +502,12 @@ class Trainer:
         return saved  # whether the checkpoint is complete (the same on every rank)
 
     def _scene_fingerprint(self) -> Dict[str, Any]:
-        return {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,
-                "names_head": self.scene.names[:3]}
+        fp = {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,
+              "names_head": self.scene.names[:3]}
+        sizes = sorted({(int(w), int(h)) for w, h in zip(self.widths, self.heights)})
+        if len(sizes) > 1:  # mixed sizes: all of them (a single-size scene's stays as before)
+            fp["sizes"] = [list(s) for s in sizes]
+        return fp
 
     def _resume(self, path: str) -> None:
         """Loads this rank's chunk of a checkpoint written by any number of ranks."""

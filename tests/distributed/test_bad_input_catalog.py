@@ -309,19 +309,14 @@ def unsupported_camera_model(b: Bench):
     return colmap_args(scene)
 
 
-@case("different sizes")
-def undistorted_to_two_sizes(b: Bench):
-    """A second, fisheye, camera: its images are undistorted to a crop of another size than
-    the pinhole camera's, and one scene trains at one size (mixed sizes are not supported)."""
-    scene = b.colmap()
-
-    def second_camera(model):
-        model.cameras[2] = colmap_io.Camera(2, "OPENCV_FISHEYE", WIDTH, HEIGHT,
-                                            np.array([30.0, 30.0, 16.0, 12.0, 0.01, 0.0, 0.0, 0.0]))
-        for im in list(model.images.values())[::2]:
-            model.images[im.id] = colmap_io.Image(im.id, im.qvec, im.tvec, 2, im.name)
-    edit_model(scene, second_camera)
-    return colmap_args(scene)
+@case("train/r_3.png: image is 32x32, the others 32x24 (one camera_angle_x describes all frames)")
+def blender_mixed_sizes(b: Bench):
+    """Mixed image sizes train from COLMAP and nerfstudio captures (issue 16), whose cameras
+    carry their own size; a Blender scene's one camera_angle_x cannot describe frames of
+    two sizes, so it stays refused."""
+    scene = b.blender()
+    Image.new("RGBA", (WIDTH, WIDTH), (128, 128, 128, 255)).save(scene / "train" / "r_3.png")
+    return blender_args(scene)
 
 
 # --- nerfstudio

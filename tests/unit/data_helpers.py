@@ -218,3 +218,28 @@ def colmap_to_nerfstudio(colmap_root: Path, out: Path, per_frame: bool = False) 
             f.write(f"{x:8f} {y:8f} {z:8f} {r} {g} {b}\n")
     (out / "transforms.json").write_text(json.dumps(meta, indent=2))
     return out
+
+
+def make_mixed_size_colmap(root: Path, sizes=((40, 30), (24, 32)), num_cameras: int = 12, num_gaussians: int = 300,
+                           seed: int = 0) -> Path:
+    """root/{sparse/0/*.bin, images/*.png}: the synthetic scene through PINHOLE cameras of
+    different sizes (and aspects), one COLMAP camera per size dealt round robin, each with
+    the same field of view across its larger side; the images are the scene's exact renders
+    (no resampling, lossless PNG), so a training can match them."""
+    scene = make_synthetic_scene(num_cameras=num_cameras, num_gaussians=num_gaussians, seed=seed)
+    model = scene_to_model(scene)
+    f0 = scene.Ks[0][0, 0] / max(scene.widths[0], scene.heights[0])  # focal per pixel of the larger side
+    model.cameras = {}
+    for j, (w, h) in enumerate(sizes):
+        f = f0 * max(w, h)
+        model.cameras[j + 1] = colmap_io.Camera(j + 1, "PINHOLE", w, h, np.array([f, f, w / 2, h / 2]))
+    (root / "images").mkdir(parents=True)
+    for i, name in enumerate(scene.names):
+        cid = i % len(sizes) + 1
+        cam = model.cameras[cid]
+        im = model.images[i + 1]
+        model.images[i + 1] = colmap_io.Image(im.id, im.qvec, im.tvec, cid, name + ".png")
+        K = np.array([[cam.params[0], 0, cam.params[2]], [0, cam.params[1], cam.params[3]], [0, 0, 1.0]])
+        Image.fromarray((render_view(scene, i, K, cam.width, cam.height) * 255).round().astype(np.uint8)).save(root / "images" / f"{name}.png")
+    colmap_io.write_model_bin(model, root / "sparse" / "0")
+    return root
