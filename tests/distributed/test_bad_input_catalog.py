@@ -216,14 +216,6 @@ def image_of_wrong_size(b: Bench):
     return colmap_args(scene)
 
 
-@case(f"images/{BROKEN}")
-def images_of_mixed_sizes(b: Bench):
-    """64x48 fits its 32x24 camera (a 2x upscale), but a batch is rendered at one size."""
-    scene = b.colmap()
-    Image.new("RGB", (64, 48)).save(scene / "images" / BROKEN)
-    return colmap_args(scene)
-
-
 # --- COLMAP model
 @case("cameras.bin: truncated")
 def truncated_cameras_bin(b: Bench):
