@@ -22,6 +22,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .errors import DataError
+from .names import NameList, encoded
 from .sources import ImageSource
 
 log = logging.getLogger(__name__)
@@ -237,14 +238,16 @@ class TarShardSource(ImageSource):
         self.shard_paths, sizes, indexed, table = _read_index(self.index_path)
         if names is None:
             try:
-                self.names = [n.decode("utf-8") for n in indexed.tolist()]
+                b"\n".join(indexed.tolist()).decode("utf-8")  # validated at once, kept as bytes
             except UnicodeDecodeError as e:
                 raise DataError(f"{self.index_path}: an image name is not UTF-8 ({e}); re-run scripts/pack_shards.py") from None
+            self.names = NameList(indexed) if len(indexed) else []
             rows = np.arange(len(indexed))
         else:
-            self.names = list(names)
+            # A NameList (load_colmap's) is kept as is: no list of C str per rank
+            self.names = names if isinstance(names, NameList) else list(names)
             # Vectorized lookup of every name in the sorted index (no dict of C entries).
-            wanted = np.array([n.encode("utf-8") for n in self.names], dtype=bytes)  # [C]
+            wanted = encoded(self.names)  # [C]
             rows = np.minimum(np.searchsorted(indexed, wanted), max(len(indexed) - 1, 0))
             absent = np.flatnonzero(indexed[rows] != wanted) if len(indexed) else np.arange(len(wanted))
             if len(absent):

@@ -75,10 +75,13 @@ def scene_scale(scene: Scene, global_scale: float = 1.0) -> float:
 
 def check_single_size(scene: Scene, indices: Optional[np.ndarray] = None) -> None:
     """A batch is rendered at one size: refuse scenes whose images differ in size."""
-    idx = np.arange(scene.num_cameras) if indices is None else indices
-    sizes: dict = {}  # (w, h) -> camera indices of that size
-    for i, w, h in zip(idx.tolist(), scene.widths[idx].tolist(), scene.heights[idx].tolist()):
-        sizes.setdefault((w, h), []).append(i)
+    idx = np.arange(scene.num_cameras) if indices is None else np.asarray(indices)
+    wh = np.stack([scene.widths[idx], scene.heights[idx]], 1)  # [C, 2]
+    if len(wh) == 0 or (wh == wh[0]).all():  # one size: no per-camera Python objects (a million cameras)
+        return
+    uniq, inverse = np.unique(wh, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    sizes = {(int(w), int(h)): idx[inverse == g].tolist() for g, (w, h) in enumerate(uniq.tolist())}
     if len(sizes) > 1:
         where = scene.images.where if scene.images is not None else scene.names.__getitem__
         counts = sorted(sizes.items(), key=lambda kv: -len(kv[1]))
