@@ -99,10 +99,14 @@ class TrackTable(Sequence):
     per camera even when empty)."""
 
     def __init__(self, offsets: np.ndarray, indices: np.ndarray):
-        self.offsets = np.asarray(offsets, dtype=np.int64)  # [C + 1]
+        offsets = np.asarray(offsets, dtype=np.int64)  # [C + 1]
         self.indices = np.asarray(indices, dtype=np.int64)  # [T]
-        if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets[-1] != len(self.indices):
-            raise ValueError("TrackTable: offsets must be [C + 1] ending at len(indices)")
+        if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(self.indices):
+            raise ValueError("TrackTable: offsets must be [C + 1] from 0 to len(indices)")
+        if not len(self.indices):  # no tracks at all (e.g. a model exported without them): no bytes per camera
+            self.offsets = np.broadcast_to(np.zeros(1, np.int64), offsets.shape)
+        else:
+            self.offsets = offsets.astype(np.int32) if len(self.indices) <= np.iinfo(np.int32).max else offsets
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -113,4 +117,4 @@ class TrackTable(Sequence):
         if not -len(self) <= c < len(self):
             raise IndexError(c)
         c = int(c) % len(self)
-        return self.indices[self.offsets[c]:self.offsets[c + 1]]
+        return self.indices[int(self.offsets[c]):int(self.offsets[c + 1])]

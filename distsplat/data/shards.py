@@ -183,6 +183,13 @@ def _read_index(index_path: Path) -> Tuple[List[Path], np.ndarray, np.ndarray, n
     return paths, sizes, names, table
 
 
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """`values` (>= 0, checked before) as uint32 when they fit, else int64."""
+    if not len(values) or (values.min() >= 0 and values.max() <= np.iinfo(np.uint32).max):
+        return values.astype(np.uint32)
+    return values.astype(np.int64)
+
+
 class _FdLRU:
     """Open shard file descriptors, least recently used closed first. A descriptor in use by
     a reader is never closed under it, so the count may exceed `max_open` by the number of
@@ -258,20 +265,23 @@ class TarShardSource(ImageSource):
             i = int(np.flatnonzero((where[:, 0] < 0) | (where[:, 0] >= len(self.shard_paths)))[0])
             raise DataError(f"{self.index_path}: image {self.names[i]!r} names shard {where[i, 0]}, the index "
                             f"lists {len(self.shard_paths)}")
-        self._shard = where[:, 0].astype(np.int32)  # [C] (in range: checked above)
-        self._offset = where[:, 1].copy()  # [C] int64
-        self._length = where[:, 2].copy()  # [C] int64
+        # The narrowest integer types that hold the values (10 bytes per camera, not 24, at a
+        # million images); arithmetic on them is done in int64 (_wide).
+        self._shard = where[:, 0].astype(np.int16 if len(self.shard_paths) <= np.iinfo(np.int16).max else np.int32)  # [C]
+        self._offset = _narrow(where[:, 1])  # [C]
+        self._length = _narrow(where[:, 2])  # [C]
         # Every (offset, length) inside its shard's size as listed in the index, then each
         # shard file against it; check_shards=False leaves the files to the caller (a node
         # that holds only the shards of its own images: train/node_data.py).
         # length > size - offset, not offset + length > size: the sum of two huge values wraps
-        bad = np.flatnonzero((self._offset < 0) | (self._length < 0)
-                             | (self._length > sizes[self._shard] - np.maximum(self._offset, 0)))
+        offset, length = where[:, 1], where[:, 2]  # [C] int64
+        bad = np.flatnonzero((offset < 0) | (length < 0) | (length > sizes[self._shard] - np.maximum(offset, 0)))
         if len(bad):
             i, s = bad[0], self._shard[bad[0]]
-            raise DataError(f"{self.index_path}: image {self.names[i]!r} at offset {self._offset[i]} length "
-                            f"{self._length[i]} points past the end of {self.shard_paths[s]} ({sizes[s]} bytes); "
+            raise DataError(f"{self.index_path}: image {self.names[i]!r} at offset {offset[i]} length "
+                            f"{length[i]} points past the end of {self.shard_paths[s]} ({sizes[s]} bytes); "
                             "re-run scripts/pack_shards.py")
+        del where, offset, length
         if check_shards:  # a few hundred stats at most (256 MB shards), whatever C is
             for s in np.unique(self._shard).tolist():
                 self._check_shard(s)
@@ -285,7 +295,7 @@ class TarShardSource(ImageSource):
         except OSError:
             raise DataError(f"shard {path} (listed in {self.index_path}) is missing") from None
         mine = self._shard == s
-        end = int((self._offset[mine] + self._length[mine]).max()) if mine.any() else 0
+        end = int((self._offset[mine].astype(np.int64) + self._length[mine]).max()) if mine.any() else 0
         if end > size:
             raise DataError(f"{self.index_path}: images of {path} point past its end ({size} bytes); "
                             "re-run scripts/pack_shards.py")
