@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -186,14 +187,15 @@ _IMAGE_HEAD = np.dtype([("id", "<i4"), ("q", "<f8", (4,)), ("t", "<f8", (3,)), (
 
 
 def read_images_bin_table(path: Path) -> ImageTable:
-    """read_images_bin as arrays: one pass finds each record's start and name (a few Python
-    operations per image), then the fixed 64-byte heads are gathered with numpy."""
+    """read_images_bin as arrays: one pass finds each record's start and name end (a few
+    Python operations per image, offsets kept in typed arrays, not a million int or bytes
+    objects), then the fixed 64-byte heads and the names are gathered with numpy in chunks."""
     buf = path.read_bytes()
     size = len(buf)
     if size < 8:
         raise DataError(f"{path}: truncated (wanted 8 bytes at offset 0, file has {size}); {REEXPORT}")
     n = struct.unpack_from("<Q", buf, 0)[0]
-    starts, ends = [], []
+    starts, ends = array("q"), array("q")
     find, unpack, pos = buf.find, struct.unpack_from, 8
     for _ in range(n):
         if pos + 64 > size:
@@ -208,20 +210,49 @@ def read_images_bin_table(path: Path) -> ImageTable:
         pos = end + 9 + 24 * unpack("<Q", buf, end + 1)[0]  # points2D (x, y, point3D_id): not needed to train
         if pos > size:
             raise DataError(f"{path}: truncated (wanted {pos - end - 9} bytes at offset {end + 9}, file has {size}); {REEXPORT}")
-    s = np.array(starts, dtype=np.int64)  # [C]
-    head = np.frombuffer(buf, np.uint8)[s[:, None] + np.arange(64)].view(_IMAGE_HEAD)[:, 0]  # [C]
-    names = [buf[a + 64:b] for a, b in zip(starts, ends)]
-    del starts, ends
-    try:
-        b"\n".join(names).decode("utf-8")
-    except UnicodeDecodeError:
-        for a, raw in zip(s.tolist(), names):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}: image name at offset {a + 64} is not UTF-8 ({e.reason}); {REEXPORT}") from None
+    s = np.frombuffer(starts, dtype=np.int64)  # [C] record starts
+    lengths = np.frombuffer(ends, dtype=np.int64) - s - 64  # [C] name lengths
+    data = np.frombuffer(buf, np.uint8)
+    C = len(s)
+    head = np.empty(C, _IMAGE_HEAD)  # [C]
+    width = int(lengths.max()) if C else 1
+    wide = width * C > 16 * int(lengths.sum()) + (1 << 20)  # one name far longer than the rest
+    names = np.zeros(C, f"S{max(width, 1)}") if not wide else np.empty(C, dtype=object)
+    for a in range(0, C, _CHUNK):
+        b = min(a + _CHUNK, C)
+        head[a:b] = data[s[a:b, None] + np.arange(64)].view(_IMAGE_HEAD)[:, 0]
+        if wide:
+            names[a:b] = [buf[o + 64:o + 64 + k] for o, k in zip(s[a:b].tolist(), lengths[a:b].tolist())]
+            continue
+        col = np.arange(names.dtype.itemsize)
+        inside = col < lengths[a:b, None]  # [B, width]
+        chunk = np.where(inside, data[np.minimum(s[a:b, None] + 64 + col, size - 1)], 0).astype(np.uint8)
+        names[a:b] = np.ascontiguousarray(chunk).view(names.dtype)[:, 0]
+    _check_utf8(path, names, s)
     return ImageTable(head["id"].astype(np.int64), head["q"].astype(np.float64), head["t"].astype(np.float64),
-                      head["cam"].astype(np.int64), _names_array(names))
+                      head["cam"].astype(np.int64), names)
+
+
+_CHUNK = 1 << 16  # records gathered at once (bounded temporaries: ~B x 64 x 8 bytes of indices)
+
+
+def _check_utf8(path: Path, names: np.ndarray, starts: np.ndarray) -> None:
+    """DataError naming the first image name (by its file offset) that is not UTF-8. A fixed-
+    width table is checked at once: its bytes are valid UTF-8 and no name starts with a
+    continuation byte exactly when every name is (NUL padding is ASCII)."""
+    if names.dtype.kind == "S" and len(names):
+        first = names.view(np.uint8).reshape(len(names), -1)[:, 0]  # [C] first byte of each name
+        try:
+            names.tobytes().decode("utf-8")
+            if not ((first & 0xC0) == 0x80).any():
+                return
+        except UnicodeDecodeError:
+            pass
+    for a, raw in zip(starts.tolist(), names.tolist()):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: image name at offset {a + 64} is not UTF-8 ({e.reason}); {REEXPORT}") from None
 
 
 POINT_BIN_BYTES = struct.calcsize("<Q3d3BdQ")  # one point without its track
