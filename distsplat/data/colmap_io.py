@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .errors import DataError
+from .names import fixed_width, utf8_ok
 
 log = logging.getLogger(__name__)
 
@@ -215,19 +216,13 @@ def read_images_bin_table(path: Path) -> ImageTable:
     data = np.frombuffer(buf, np.uint8)
     C = len(s)
     head = np.empty(C, _IMAGE_HEAD)  # [C]
-    width = int(lengths.max()) if C else 1
-    wide = width * C > 16 * int(lengths.sum()) + (1 << 20)  # one name far longer than the rest
-    names = np.zeros(C, f"S{max(width, 1)}") if not wide else np.empty(C, dtype=object)
     for a in range(0, C, _CHUNK):
         b = min(a + _CHUNK, C)
         head[a:b] = data[s[a:b, None] + np.arange(64)].view(_IMAGE_HEAD)[:, 0]
-        if wide:
-            names[a:b] = [buf[o + 64:o + 64 + k] for o, k in zip(s[a:b].tolist(), lengths[a:b].tolist())]
-            continue
-        col = np.arange(names.dtype.itemsize)
-        inside = col < lengths[a:b, None]  # [B, width]
-        chunk = np.where(inside, data[np.minimum(s[a:b, None] + 64 + col, size - 1)], 0).astype(np.uint8)
-        names[a:b] = np.ascontiguousarray(chunk).view(names.dtype)[:, 0]
+    names = fixed_width(data, s + 64, lengths)  # [C] 'S<width>'
+    if names is None:  # one name far longer than the rest: objects, not a C x longest table
+        names = np.empty(C, dtype=object)
+        names[:] = [buf[o + 64:o + 64 + k] for o, k in zip(s.tolist(), lengths.tolist())]
     _check_utf8(path, names, s)
     return ImageTable(head["id"].astype(np.int64), head["q"].astype(np.float64), head["t"].astype(np.float64),
                       head["cam"].astype(np.int64), names)
@@ -237,17 +232,10 @@ _CHUNK = 1 << 16  # records gathered at once (bounded temporaries: ~B x 64 x 8 b
 
 
 def _check_utf8(path: Path, names: np.ndarray, starts: np.ndarray) -> None:
-    """DataError naming the first image name (by its file offset) that is not UTF-8. A fixed-
-    width table is checked at once: its bytes are valid UTF-8 and no name starts with a
-    continuation byte exactly when every name is (NUL padding is ASCII)."""
-    if names.dtype.kind == "S" and len(names):
-        first = names.view(np.uint8).reshape(len(names), -1)[:, 0]  # [C] first byte of each name
-        try:
-            names.tobytes().decode("utf-8")
-            if not ((first & 0xC0) == 0x80).any():
-                return
-        except UnicodeDecodeError:
-            pass
+    """DataError naming the first image name (by its file offset) that is not UTF-8 (a
+    fixed-width table is checked at once: names.utf8_ok)."""
+    if names.dtype.kind == "S" and utf8_ok(names):
+        return
     for a, raw in zip(starts.tolist(), names.tolist()):
         try:
             raw.decode("utf-8")

@@ -86,6 +86,41 @@ class NameList(Sequence):
         return np.where(found, pos, -1).astype(np.int64)
 
 
+GATHER_CHUNK = 1 << 16  # names gathered at once (bounded temporaries: ~B x width x 8 bytes of indices)
+
+
+def fixed_width(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Optional[np.ndarray]:
+    """[C] 'S<width>' array of the byte strings data[starts[i]:starts[i] + lengths[i]]
+    (data: [N] uint8), gathered with numpy in chunks: no bytes object per name. None when
+    one string is far longer than the rest (the caller keeps objects then)."""
+    C = len(starts)
+    width = int(lengths.max()) if C else 0
+    if width * C > WIDTH_SLACK * int(lengths.sum()) + (1 << 20):
+        return None
+    out = np.zeros(C, f"S{max(width, 1)}")
+    col = np.arange(out.dtype.itemsize)
+    last = max(len(data) - 1, 0)
+    for a in range(0, C, GATHER_CHUNK):
+        b = min(a + GATHER_CHUNK, C)
+        inside = col < lengths[a:b, None]  # [B, width]
+        chunk = np.where(inside, data[np.minimum(starts[a:b, None] + col, last)], 0).astype(np.uint8)
+        out[a:b] = np.ascontiguousarray(chunk).view(out.dtype)[:, 0]
+    return out
+
+
+def utf8_ok(names: np.ndarray) -> bool:
+    """Every name of a [C] 'S' array is UTF-8: the table's bytes are, and no name starts with a
+    continuation byte (NUL padding is ASCII, so a name cut inside a character fails one test)."""
+    if not len(names):
+        return True
+    first = names.view(np.uint8).reshape(len(names), -1)[:, 0]  # [C]
+    try:
+        names.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return not ((first & 0xC0) == 0x80).any()
+
+
 def encoded(names: Sequence[str]) -> np.ndarray:
     """[C] UTF-8 bytes array of `names` (a NameList's own array, no copy)."""
     if isinstance(names, NameList):

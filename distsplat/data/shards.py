@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .errors import DataError
-from .names import NameList, encoded
+from .names import NameList, encoded, fixed_width, utf8_ok
 from .sources import ImageSource
 
 log = logging.getLogger(__name__)
@@ -158,18 +158,22 @@ def _read_index(index_path: Path) -> Tuple[List[Path], np.ndarray, np.ndarray, n
         no_size = np.iinfo(np.int64).max  # format 1 lists no sizes: the files are checked instead
         sizes = np.array([int(s.get("bytes", no_size)) for s in shards], dtype=np.int64)  # [S]
         if index.get("format") == INDEX_FORMAT:
-            blob = (root / str(index["names"])).read_bytes()
-            raw = blob.split(b"\n")[:-1]
-            # Names are stored fixed-width (the longest): refuse a file whose one long name would
-            # make that table far larger than the file (real captures' names have similar lengths).
-            if raw and max(map(len, raw)) * len(raw) > 16 * len(blob) + (1 << 20):
+            blob = np.fromfile(root / str(index["names"]), dtype=np.uint8)  # [bytes] one name a line
+            ends = np.flatnonzero(blob == 10)  # [C] newline after each name
+            starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64) if len(ends) else ends.astype(np.int64)
+            # Names are stored fixed-width (the longest), gathered without a bytes object per
+            # name: refuse a file whose one long name would make that table far larger than the
+            # file (real captures' names have similar lengths).
+            names = fixed_width(blob, starts, ends - starts)
+            if names is None:
                 raise ValueError("one image name is far longer than the others")
+            if len(blob) and blob[-1] != 10:
+                raise ValueError(f"{index['names']} does not end with a newline")
             table = np.load(root / str(index["table"]), mmap_mode="r", allow_pickle=False)  # no read past the file
         else:  # format 1: the whole table in the JSON
             items = sorted(index["images"].items())
-            raw = [k.encode("utf-8") for k, _ in items]
+            names = np.array([k.encode("utf-8") for k, _ in items], dtype=bytes)  # [C] fixed-width bytes
             table = np.array([v for _, v in items], dtype=np.int64).reshape(-1, 3)
-        names = np.array(raw, dtype=bytes)  # [C] fixed-width bytes: ~name length per image, no objects
     except FileNotFoundError as e:
         raise DataError(f"shard index {index_path} (or its {Path(e.filename).name}) does not exist") from None
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, UnicodeError,
@@ -244,10 +248,8 @@ class TarShardSource(ImageSource):
         self.index_path = Path(index_path)
         self.shard_paths, sizes, indexed, table = _read_index(self.index_path)
         if names is None:
-            try:
-                b"\n".join(indexed.tolist()).decode("utf-8")  # validated at once, kept as bytes
-            except UnicodeDecodeError as e:
-                raise DataError(f"{self.index_path}: an image name is not UTF-8 ({e}); re-run scripts/pack_shards.py") from None
+            if not utf8_ok(indexed):  # validated at once, kept as bytes
+                raise DataError(f"{self.index_path}: an image name is not UTF-8; re-run scripts/pack_shards.py")
             self.names = NameList(indexed) if len(indexed) else []
             rows = np.arange(len(indexed))
         else:
