@@ -11,6 +11,8 @@ check_single_size, Scene.camera_tensors (the trainer's viewmats and Ks), ownersh
 (node_data.owned_by_rank), the trainer's CameraBatcher, ImageCache(compressed) and its
 fill with the rank's blobs (source reads, not decoded: they are zeros). besides_cache_mb =
 RSS at the end - RSS before parsing - the blobs' bytes, as in bench_million.py.
+gc_full_ms: one full gc.collect() at the end; besides_cache_after_trim_mb: the same after
+glibc's malloc_trim (the allocator's free heap taken out; diagnostic only).
 step_host_us: a training step's host work that could grow with N (the shared-seed batch,
 the rank's cameras of it, their viewmats and Ks, cache slots), mean over 2000 steps.
 
@@ -110,8 +112,7 @@ def rank_worker(args) -> dict:
     stage("cache_init", t)
     t = time.perf_counter()
     for k, c in enumerate(own.tolist()):  # read_into's compressed path without the decode (zeros)
-        cache._blobs[k] = source.read(c)
-    cache._filled[:] = True
+        cache._store(k, c)
     stage("cache_fill", t)
     # Host work of a training step that could grow with the number of cameras: the shared-seed
     # batch, this rank's cameras of it (trainer._own_cameras), their poses and Ks, the cache slot.
@@ -127,11 +128,23 @@ def rank_worker(args) -> dict:
         for c in mine:
             cache.slot(c)
     out["step_host_us"] = (time.perf_counter() - t) / steps * 1e6
+    # A full garbage collection traverses every container the rank holds (a Python list per
+    # camera would be walked element by element, each time the trainer's gen-2 collection runs).
+    t = time.perf_counter()
+    gc.collect()
+    out["gc_full_ms"] = (time.perf_counter() - t) * 1e3
     out.update(own=len(own), cache_bytes=cache.nbytes(), cache_mb=cache.nbytes() / 2**20,
                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                besides_cache_mb=bm.rss_mb() - base - cache.nbytes() / 2**20,
+               python_objects=len(gc.get_objects()),
                camera_tensor_mb={k: v.element_size() * v.untyped_storage().nbytes() / v.element_size() / 2**20
                                  for k, v in cams.items()})
+    # What of besides_cache_mb is free heap the allocator keeps (a diagnostic: the trainer does
+    # not trim after setup; load_colmap does after its parse)
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    out["besides_cache_after_trim_mb"] = bm.rss_mb() - base - cache.nbytes() / 2**20
     return out
 
 

@@ -58,6 +58,8 @@ MEASURES: Dict[str, List[str]] = {
     "extras_effects": ["distsplat", "benchmarks/extras_effects.py"],
     "divergence_check_cpu": ["distsplat/train/faults.py", "benchmarks/bench_divergence_check.py"],
     "fuzz_parsers": ["distsplat/data", "distsplat/train/checkpoint.py", "distsplat/viewer/model.py", "tests/fuzz"],
+    "million_memory": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train",
+                       "benchmarks/bench_million.py", "benchmarks/bench_million_memory.py"],  # before "million"
     "million": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train", "scripts/pack_shards.py",
                 "benchmarks/bench_million.py"],
 }
