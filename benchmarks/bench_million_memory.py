@@ -77,6 +77,7 @@ def rank_worker(args) -> dict:
     import torch  # noqa: F401  (the trainer's imports are in every rank's baseline)
 
     from distsplat.data import ImageCache, TarShardSource, load_colmap
+    from distsplat.data.heap import trim_heap
     from distsplat.distributed import CameraBatcher
     from distsplat.train.node_data import owned_by_rank
     from distsplat.train.scene_setup import check_single_size, scene_scale
@@ -109,6 +110,7 @@ def rank_worker(args) -> dict:
     stage("ownership", t)
     t = time.perf_counter()
     cache = ImageCache(source, scene.specs(), own.tolist(), mode="compressed", rank=rank)
+    trim_heap()  # as the trainer does after building its cache (N >= heap.TRIM_FROM)
     stage("cache_init", t)
     t = time.perf_counter()
     for k, c in enumerate(own.tolist()):  # read_into's compressed path without the decode (zeros)

@@ -22,6 +22,7 @@ import numpy as np
 from . import colmap_io
 from .decode import check_sizes, downscaled_size, probe_images
 from .errors import DataError
+from .heap import TRIM_FROM, trim_heap
 from .names import NameList, TrackTable
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
@@ -157,26 +158,8 @@ def load_colmap(
     )
     if C >= TRIM_FROM:
         del points, image_ids, cam_ids, cam_pos, inverse
-        _trim_heap()
+        trim_heap()  # the parse's temporaries: 130 MB per rank at a million images without it
     return scene
-
-
-TRIM_FROM = 10_000  # cameras: below this the parse's temporaries are small
-
-
-def _trim_heap() -> None:
-    """Returns the heap pages the parse's temporaries freed to the OS (glibc's malloc_trim;
-    a no-op elsewhere). glibc raises its mmap threshold to the size of the largest array freed
-    (up to 32 MB), so the many [C] temporaries of a million-image parse land on the heap
-    and, freed, stay resident: 130 MB per rank at a million images without this."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _per_image(per_group: np.ndarray, inverse: np.ndarray) -> np.ndarray:

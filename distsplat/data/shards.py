@@ -22,6 +22,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .errors import DataError
+from .heap import TRIM_FROM, trim_heap
 from .names import NameList, encoded, fixed_width, utf8_ok
 from .sources import ImageSource
 
@@ -288,6 +289,8 @@ class TarShardSource(ImageSource):
             for s in np.unique(self._shard).tolist():
                 self._check_shard(s)
         self._fds = _FdLRU(max_open)
+        if len(self.names) >= TRIM_FROM:
+            trim_heap()  # the index's [C] temporaries (~85 MB resident at a million images without it)
 
     def _check_shard(self, s: int) -> None:
         """DataError unless shard s exists with the size the index lists."""

@@ -53,6 +53,7 @@ from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
+from ..data.heap import TRIM_FROM, trim_heap
 from .scene_setup import check_single_size, load_scene, scene_scale
 from .node_data import check_own_images
 from ..distributed.nodes import node_name
@@ -110,6 +111,8 @@ class Trainer:
         budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)
+        if scene.num_cameras >= TRIM_FROM:
+            trim_heap()  # setup's freed [C_all] temporaries back to the OS (data/heap.py, issue 20)
 
         self.depth = (DepthTargets(scene, own.tolist(), self.width, self.height, self.scene_scale, self.device,
                                    warn=ctx.is_main) if cfg.depth_loss else None)  # own cameras' SfM depths
