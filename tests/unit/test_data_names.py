@@ -33,6 +33,21 @@ def test_namelist_behaves_as_the_list_of_names():
     assert isinstance(wide, list) and wide[1] == "y0"
 
 
+def test_fixed_width_gathers_and_refuses_one_huge_name():
+    from distsplat.data.names import fixed_width
+
+    items = [b"abc", b"", b"de\xc3\xa9", b"x" * 9]
+    data = np.frombuffer(b"".join(items), np.uint8)
+    lengths = np.array([len(i) for i in items])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    out = fixed_width(data, starts, lengths)
+    assert out.dtype == np.dtype("S9") and out.tolist() == items
+    many = [b"y%05d" % i for i in range(100)] + [b"z" * (4 << 20)]  # 101 x 4 MiB > 16 x the bytes + 1 MiB
+    data = np.frombuffer(b"".join(many), np.uint8)
+    lengths = np.array([len(i) for i in many])
+    assert fixed_width(data, np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) is None
+
+
 def test_tracktable_slices():
     t = TrackTable(np.array([0, 2, 2, 5]), np.array([1, 4, 0, 2, 3]))
     assert len(t) == 3 and t[0].tolist() == [1, 4] and t[1].tolist() == [] and t[-1].tolist() == [0, 2, 3]
@@ -121,3 +136,28 @@ def test_load_colmap_holds_no_object_per_camera(tmp_path):
     cams = scene.camera_tensors()
     assert cams["Ks"].shape == (10, 3, 3) and cams["Ks"].stride(0) == 0
     assert np.allclose(cams["Ks"][7].numpy(), scene.Ks[7])
+
+
+def test_shard_index_names_file_damage(tmp_path):
+    """Format 2's names file is gathered into a fixed-width table with numpy: every damage
+    is a DataError naming the index, never another exception or a silent misread."""
+    from distsplat.data import TarShardSource, pack_shards
+    from distsplat.data.shards import NAMES_FILE
+
+    folder = tmp_path / "imgs"
+    (folder / "d").mkdir(parents=True)
+    for name in ("a.jpg", "b.jpg", "d/c.jpg"):
+        (folder / name).write_bytes(name.encode() * 10)
+    index = pack_shards(folder, tmp_path / "shards")
+    src = TarShardSource(index)
+    assert isinstance(src.names, NameList) and list(src.names) == ["a.jpg", "b.jpg", "d/c.jpg"]
+    assert src.read(2) == b"d/c.jpg" * 10
+    names_file = index.parent / NAMES_FILE
+    good = names_file.read_bytes()
+    for damage, match in ((good[:-1], "newline"),  # last name cut from its newline
+                          (good.replace(b"b.jpg", b"b\xff.jpg"), "not UTF-8"),
+                          (b"", "malformed"),  # no names for a 3-row table
+                          (good.replace(b"a.jpg\n", b""), "malformed")):
+        names_file.write_bytes(damage)
+        with pytest.raises(DataError, match=match):
+            TarShardSource(index)
