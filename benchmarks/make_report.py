@@ -64,6 +64,8 @@ MEASURES: Dict[str, List[str]] = {
     "thermos_cuda": ["distsplat", "examples/simple_trainer.py", "scripts/gpu_validate.sh"],
     "profile_gpu_cuda": ["distsplat", "benchmarks/profile_gpu.py"],
     "tests_cuda": ["distsplat", "tests/cuda", "tests/distributed/harness.py", "tests/distributed/staging_workers.py"],
+    "million_memory": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train",
+                       "benchmarks/bench_million.py", "benchmarks/bench_million_memory.py"],  # before "million"
     "million": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train", "scripts/pack_shards.py",
                 "benchmarks/bench_million.py"],
 }

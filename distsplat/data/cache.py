@@ -203,6 +203,9 @@ def choose_mode(compressed_bytes: int, decoded_bytes: int, budget: int) -> Tuple
                     f"Use more ranks, a larger --data_factor, or raise the budget (--cache_budget_gb)")
 
 
+LOCK_STRIPES = 64  # fill locks of a cache (slots share them round robin)
+
+
 class ImageCache:
     """Images of `own_cameras` (indices into `specs`/`source`), in `mode`. Asking for any
     other camera raises OwnershipError. Safe for concurrent decode threads."""
@@ -225,15 +228,18 @@ class ImageCache:
             raise ValueError(f"{len(specs)} specs for {len(source)} images")
         # A Sequence is kept as given (Scene.specs() is lazy: no C_all spec objects per rank).
         self.source, self.specs = source, (specs if isinstance(specs, SequenceABC) else list(specs))
-        self.own = sorted(set(int(c) for c in own_cameras))
-        bad = [c for c in self.own if not 0 <= c < len(specs)]
-        if bad:
-            raise ValueError(f"own_cameras {bad[:5]} are not camera indices (0..{len(specs) - 1})")
-        self._slot: Dict[int, int] = {c: k for k, c in enumerate(self.own)}
-        nbytes = np.array([self.specs[c].nbytes for c in self.own], dtype=np.int64)  # [C_own]
+        # [C_own] int64 ascending: an array, not a list and a dict of Python ints (~130 bytes
+        # per own camera with the per-camera locks: 65 MB per rank at a million images, W = 2)
+        self.own = np.unique(np.asarray(own_cameras, dtype=np.int64).reshape(-1))
+        bad = self.own[(self.own < 0) | (self.own >= len(specs))]
+        if len(bad):
+            raise ValueError(f"own_cameras {bad[:5].tolist()} are not camera indices (0..{len(specs) - 1})")
+        nbytes = np.array([self.specs[c].nbytes for c in self.own.tolist()], dtype=np.int64)  # [C_own]
         self._offsets = np.concatenate([[0], np.cumsum(nbytes)])  # [C_own + 1]
         self.decoded_bytes = int(self._offsets[-1])
-        self.compressed_bytes = int(sum(source.encoded_size(c) for c in self.own))
+        enc = np.array([source.encoded_size(c) for c in self.own.tolist()], dtype=np.int64)  # [C_own]
+        self._enc_offsets = np.concatenate([[0], np.cumsum(enc)]).astype(np.int64)  # [C_own + 1]
+        self.compressed_bytes = int(self._enc_offsets[-1])
         self.mode = mode
         who = f"[rank {rank}] image cache" if rank is not None else "image cache"  # the log filter's prefix
         if mode == "auto":
@@ -250,8 +256,13 @@ class ImageCache:
             if why:
                 log.warning("%s: --cache %s for %d own cameras: %s", who, mode, len(self.own), why)
         self._filled = np.zeros(len(self.own), dtype=bool)  # [C_own]
-        self._locks = [threading.Lock() for _ in self.own]
-        self._blobs: Dict[int, bytes] = {}
+        # Striped locks: slot k fills under _locks[k % LOCK_STRIPES] (a few decode threads at once)
+        self._locks = [threading.Lock() for _ in range(min(LOCK_STRIPES, max(len(self.own), 1)))]
+        # compressed mode: the encoded images in one arena at _enc_offsets (no bytes object of
+        # ~50 bytes' overhead per image: 25 MB per rank at a million images, W = 2); by slot,
+        # what does not fit it (an in-memory source's arrays, a file whose size changed)
+        self._blobs: Dict[int, object] = {}
+        self._arena: Optional[np.ndarray] = None
         self._buffer: Optional[np.ndarray] = None
         self._device_buffer = None
         self.device = None  # where the gpu mode keeps its images
@@ -260,6 +271,9 @@ class ImageCache:
             # what is cached) and forked workers see the same pages.
             self._mmap = mmap.mmap(-1, self.decoded_bytes)
             self._buffer = np.frombuffer(self._mmap, dtype=np.uint8)  # [sum H*W*3]
+        if self.mode == "compressed" and self.compressed_bytes:
+            self._arena_mmap = mmap.mmap(-1, self.compressed_bytes)  # committed as images land, as decoded
+            self._arena = np.frombuffer(self._arena_mmap, dtype=np.uint8)  # [sum encoded sizes]
         if self.mode == "gpu":
             import torch
 
@@ -267,32 +281,40 @@ class ImageCache:
             self.device = self._device_buffer.device
 
     # ------------------------------------------------------------ lookups
+    def _find(self, cam: int) -> int:
+        """Slot of `cam`, -1 when not owned (binary search of the sorted own cameras)."""
+        k = int(np.searchsorted(self.own, cam))
+        return k if k < len(self.own) and self.own[k] == cam else -1
+
     def slot(self, cam: int) -> int:
-        try:
-            return self._slot[cam]
-        except KeyError:
+        k = self._find(cam)
+        if k < 0:
             raise OwnershipError(f"camera {cam} ({self.source.names[cam] if 0 <= cam < len(self.source) else '?'}) "
-                                 f"is not owned by this rank; its cache holds only its {len(self.own)} own cameras") from None
+                                 f"is not owned by this rank; its cache holds only its {len(self.own)} own cameras")
+        return k
 
     def owns(self, cam: int) -> bool:
-        return cam in self._slot
+        return self._find(cam) >= 0
 
     def cached(self, cam: int) -> bool:
         return bool(self._filled[self.slot(cam)])
 
     def cached_names(self) -> List[str]:
-        return [self.source.names[c] for k, c in enumerate(self.own) if self._filled[k]]
+        return [self.source.names[c] for c in self.own[self._filled].tolist()]
 
     def nbytes(self) -> int:
         """Bytes of images held (filled entries only)."""
         if self.mode == "compressed":
-            return sum(len(b) for b in self._blobs.values())
+            in_arena = self._filled.copy()
+            in_arena[list(self._blobs)] = False
+            extra = sum(b.nbytes if isinstance(b, np.ndarray) else len(b) for b in self._blobs.values())
+            return int(np.diff(self._enc_offsets)[in_arena].sum()) + extra
         if self.mode in ("decoded", "gpu"):
-            return int(sum(self.specs[c].nbytes for k, c in enumerate(self.own) if self._filled[k]))
+            return int(np.diff(self._offsets)[self._filled].sum())
         return 0
 
     def _view(self, buf, cam: int):
-        k = self._slot[cam]
+        k = self.slot(cam)
         return buf[self._offsets[k]:self._offsets[k + 1]].reshape(self.specs[cam].shape)  # [H, W, 3]
 
     # ------------------------------------------------------------ host path
@@ -303,19 +325,30 @@ class ImageCache:
         if self.mode in ("none", "gpu"):  # gpu: the device copy is kept by put_device
             decode_into(self.source.read(cam), spec, out, where)
         elif self.mode == "compressed":
-            with self._locks[k]:
-                blob = self._blobs.get(cam)
-                if blob is None:
-                    blob = self._blobs[cam] = self.source.read(cam)
-                    self._filled[k] = True
+            with self._locks[k % len(self._locks)]:
+                if not self._filled[k]:
+                    self._store(k, cam)
+            blob = self._blobs.get(k)
+            if blob is None:  # in the arena: written once, read-only afterwards
+                blob = self._arena.data[self._enc_offsets[k]:self._enc_offsets[k + 1]]
             decode_into(blob, spec, out, where)
         else:  # decoded
             view = self._view(self._buffer, cam)
-            with self._locks[k]:
+            with self._locks[k % len(self._locks)]:
                 if not self._filled[k]:
                     decode_into(self.source.read(cam), spec, view, where)
                     self._filled[k] = True
             out[...] = view  # written once, read-only afterwards: no lock needed
+
+    def _store(self, k: int, cam: int) -> None:
+        """compressed mode: reads camera `cam` (slot k) into the arena (under slot k's lock)."""
+        blob = self.source.read(cam)
+        a, b = int(self._enc_offsets[k]), int(self._enc_offsets[k + 1])
+        if isinstance(blob, (bytes, bytearray)) and len(blob) == b - a and self._arena is not None:
+            self._arena[a:b] = np.frombuffer(blob, dtype=np.uint8)
+        else:
+            self._blobs[k] = blob
+        self._filled[k] = True
 
     # ------------------------------------------------------------ gpu mode
     def device_view(self, cam: int):
@@ -335,10 +368,11 @@ class ImageCache:
 
     def close(self) -> None:
         self._blobs.clear()
-        self._buffer = None
-        if getattr(self, "_mmap", None) is not None:
-            try:
-                self._mmap.close()
-            except BufferError:  # a view is still alive somewhere; the GC will unmap it
-                pass
+        self._buffer = self._arena = None
+        for name in ("_mmap", "_arena_mmap"):
+            if getattr(self, name, None) is not None:
+                try:
+                    getattr(self, name).close()
+                except BufferError:  # a view is still alive somewhere; the GC will unmap it
+                    pass
         self._device_buffer = None

@@ -22,9 +22,11 @@ import numpy as np
 from . import colmap_io
 from .decode import check_sizes, downscaled_size, probe_images
 from .errors import DataError
+from .heap import TRIM_FROM, trim_heap
+from .names import NameList, TrackTable
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
-from .sources import FolderSource
+from .sources import FolderSource, JoinedPaths
 from .undistort import SUPPORTED, split_params, undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -70,18 +72,26 @@ def load_colmap(
     if factor < 1:
         raise ValueError(f"factor must be >= 1, got {factor}")
     model_dir = find_model(data_dir)
-    model = colmap_io.read_model(model_dir)
+    cameras, table, points = colmap_io.read_model_table(model_dir)  # arrays: no object per image
     cam_file = next(model_dir / f for f in ("cameras.bin", "cameras.txt") if (model_dir / f).exists())
-    base_K = {cid: intrinsics(cam, cam_file) for cid, cam in model.cameras.items()}
+    base_K = {cid: intrinsics(cam, cam_file) for cid, cam in cameras.items()}
 
-    images = sorted(model.images.values(), key=lambda im: im.name)
-    names = [im.name for im in images]
-    _check_finite(model_dir, images, model.points)
-    w2c = np.tile(np.eye(4), (len(images), 1, 1))  # [C, 4, 4]
-    w2c[:, :3, :3] = _rotmats(np.array([im.qvec for im in images]).reshape(-1, 4))  # one numpy op, not C
-    w2c[:, :3, 3] = np.array([im.tvec for im in images]).reshape(-1, 3)
+    order = np.argsort(table.names, kind="stable")  # gsplat sorts by name (UTF-8 bytes order = str order)
+    raw = table.names[order]
+    names = NameList(raw) if raw.dtype.kind == "S" else [b.decode("utf-8") for b in raw]  # [C]
+    qvecs, tvecs = table.qvecs[order], table.tvecs[order]  # [C, 4], [C, 3]
+    cam_ids, image_ids = table.camera_ids[order], table.ids[order]  # [C]
+    del table, raw
+    _check_finite(model_dir, names, qvecs, tvecs, points)
+    C = len(names)
+    w2c = np.tile(np.eye(4), (C, 1, 1))  # [C, 4, 4]
+    w2c[:, :3, :3] = _rotmats(qvecs)  # one numpy op, not C
+    w2c[:, :3, 3] = tvecs
+    del qvecs, tvecs
     camtoworlds = np.linalg.inv(w2c)
-    cams = [model.cameras[im.camera_id] for im in images]
+    del w2c
+    cam_list = sorted(cameras)
+    cam_pos = np.searchsorted(np.array(cam_list, dtype=np.int64), cam_ids)  # [C] index into cam_list
 
     # images_N/ when it exists, else images/ downscaled on load.
     full_dir = data_dir / "images"
@@ -93,61 +103,100 @@ def load_colmap(
         image_dir = full_dir
     if not image_dir.is_dir():
         raise DataError(_no_image_folder(data_dir, factor))
-    listings: Dict[str, tuple] = {}
-    folder = str(image_dir)
-    source = FolderSource([os.path.join(folder, _match_name(folder, n, listings)) for n in names], names)
+    source = _folder_source(str(image_dir), names)
     if check:
         source.check_exist()
 
     # Sizes: every image's header when checking, else the first image of each camera (gsplat)
     # found here: with images staged per node (check=False) a node holds only its own.
+    cam_wh = np.array([(cameras[c].width, cameras[c].height) for c in cam_list], dtype=np.int64)  # [K, 2]
     if check:
-        stored = probe_images(source, range(len(names)))
+        stored = np.array(probe_images(source, range(C)), dtype=np.int64).reshape(-1, 2)  # [C, 2]
+        check_sizes(names, stored.tolist(), cam_wh[cam_pos].tolist(), (source.where(i) for i in range(C)))
     else:
-        first = {}
-        for i, im in enumerate(images):
-            if im.camera_id not in first and os.path.isfile(source.paths[i]):
-                first[im.camera_id] = probe_images(source, [i])[0]
-        missing = sorted({im.camera_id for im in images} - set(first))
-        if missing:
-            raise DataError(f"{image_dir}: no image of COLMAP camera {missing[0]} is present here, so its image "
-                            "size is unknown; stage at least one of its images on this node")
-        stored = [first[im.camera_id] for im in images]
-    check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
-    loaded = [downscaled_size(w, h, factor) for w, h in stored] if on_the_fly else stored
-
-    Ks = np.stack([base_K[im.camera_id] for im in images])  # [C, 3, 3]
-    sizes = np.array(loaded, dtype=np.int64)  # [C, 2] (w, h)
-    cam_sizes = np.array([(c.width, c.height) for c in cams], dtype=np.float64)
-    Ks[:, 0, :] *= (sizes[:, 0] / cam_sizes[:, 0])[:, None]
-    Ks[:, 1, :] *= (sizes[:, 1] / cam_sizes[:, 1])[:, None]
-    undistort = undistort_cameras(cams, Ks, sizes, lambda c: f"{cam_file} camera {c.id} ({c.model})")
+        first = np.full((len(cam_list), 2), -1, dtype=np.int64)  # [K, 2]
+        for k in np.unique(cam_pos).tolist():
+            for i in np.flatnonzero(cam_pos == k).tolist():
+                if os.path.isfile(source.paths[i]):
+                    first[k] = probe_images(source, [i])[0]
+                    check_sizes([names[i]], [tuple(first[k])], [tuple(cam_wh[k])], [source.where(i)])
+                    break
+            else:
+                raise DataError(f"{image_dir}: no image of COLMAP camera {cam_list[k]} is present here, so its image "
+                                "size is unknown; stage at least one of its images on this node")
+        stored = first[cam_pos]  # [C, 2]
+    # One K, size and undistortion plan per (COLMAP camera, stored size) group, not per image:
+    # a capture of a million images usually has one group, held as broadcast views.
+    groups, inverse = np.unique(np.concatenate([cam_pos[:, None], stored], 1), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)  # [C] group of each image
+    del stored
+    g_cams = [cameras[cam_list[k]] for k in groups[:, 0].tolist()]
+    g_stored = groups[:, 1:].copy()  # [G, 2] (w, h) of the stored images
+    g_sizes = np.array([downscaled_size(w, h, factor) for w, h in g_stored.tolist()] if on_the_fly else g_stored,
+                       dtype=np.int64).reshape(-1, 2)  # [G, 2] loaded (w, h)
+    g_Ks = np.stack([base_K[c.id] for c in g_cams])  # [G, 3, 3]
+    g_cam_sizes = np.array([(c.width, c.height) for c in g_cams], dtype=np.float64).reshape(-1, 2)
+    g_Ks[:, 0, :] *= (g_sizes[:, 0] / g_cam_sizes[:, 0])[:, None]
+    g_Ks[:, 1, :] *= (g_sizes[:, 1] / g_cam_sizes[:, 1])[:, None]
+    plans = undistort_cameras(g_cams, g_Ks, g_sizes, lambda c: f"{cam_file} camera {c.id} ({c.model})")
+    Ks, sizes, source_sizes = _per_image(g_Ks, inverse), _per_image(g_sizes, inverse), _per_image(g_stored, inverse)
+    undistort = None if plans is None else [plans[g] for g in inverse.tolist()]
 
     train, test = _split(data_dir, names, test_every)
-    points = model.points.xyz.astype(np.float32)
+    points_xyz = points.xyz.astype(np.float32)
     transform = np.eye(4)
     if normalize:
-        camtoworlds, points, transform = normalize_world(camtoworlds, points)
+        camtoworlds, points_xyz, transform = normalize_world(camtoworlds, points_xyz)
     log.info("COLMAP %s: %d images, %d cameras, %d points, %d train / %d test, images from %s%s",
-             data_dir, len(names), len(model.cameras), len(points), len(train), len(test), image_dir,
+             data_dir, C, len(cameras), len(points_xyz), len(train), len(test), image_dir,
              f" downscaled by {factor} on load" if on_the_fly else "")
-    return Scene(
+    scene = Scene(
         names=names, camtoworlds=camtoworlds, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1],
-        points=points, points_rgb=model.points.rgb.copy(), train=train, test=test, images=source,
-        source_sizes=np.array(stored, dtype=np.int64) if on_the_fly or undistort else None, transform=transform,
-        kind="colmap", undistort=undistort, point_tracks=_point_tracks(model.points, [im.id for im in images]),
+        points=points_xyz, points_rgb=points.rgb.copy(), train=train, test=test, images=source,
+        source_sizes=source_sizes if on_the_fly or undistort else None, transform=transform,
+        kind="colmap", undistort=undistort, point_tracks=_point_tracks(points, image_ids),
     )
+    if C >= TRIM_FROM:
+        del points, image_ids, cam_ids, cam_pos, inverse
+        trim_heap()  # the parse's temporaries: 130 MB per rank at a million images without it
+    return scene
 
 
-def _point_tracks(points: colmap_io.Points, image_ids: Sequence[int]) -> Optional[List[np.ndarray]]:
-    """[C] per image (in scene order), the sorted indices of the points whose track holds it."""
+def _per_image(per_group: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    """[C, ...] rows of `per_group` [G, ...] by group: a read-only broadcast view (no bytes
+    per image) when there is one group, else a gather."""
+    if len(per_group) == 1:
+        return np.broadcast_to(per_group[0], (len(inverse),) + per_group.shape[1:])
+    return per_group[inverse]
+
+
+def _folder_source(folder: str, names: Sequence[str]) -> FolderSource:
+    """FolderSource of `names` in `folder`, each matched to the file present (images_N/ may hold
+    PNGs for JPEG originals): paths joined on access, only the renamed ones stored."""
+    listings: Dict[str, list] = {}
+    renamed: Dict[int, str] = {}
+    for i, name in enumerate(names):
+        match = _match_name(folder, name, listings)
+        if match != name:
+            renamed[i] = match
+    return FolderSource(JoinedPaths(folder, names, renamed), names)
+
+
+def _point_tracks(points: colmap_io.Points, image_ids: np.ndarray) -> Optional[TrackTable]:
+    """[C] per image (in scene order), the sorted indices of the points whose track holds it:
+    one sort of the (image, point) pairs, not a pass over every track per image."""
     if points.track_offsets is None:
         return None
-    point_of = np.repeat(np.arange(len(points.ids)), np.diff(points.track_offsets))  # [T]
-    tracks = []
-    for iid in image_ids:
-        tracks.append(np.unique(point_of[points.track_images == iid]))
-    return tracks
+    P, C = len(points.ids), len(image_ids)
+    point_of = np.repeat(np.arange(P, dtype=np.int64), np.diff(points.track_offsets))  # [T]
+    by_id = np.argsort(image_ids, kind="stable")  # [C]
+    ids_sorted = image_ids[by_id]
+    pos = np.minimum(np.searchsorted(ids_sorted, points.track_images), max(C - 1, 0))  # [T]
+    seen = ids_sorted[pos] == points.track_images if C else np.zeros(len(pos), bool)  # tracks of unknown images drop
+    key = np.unique(by_id[pos[seen]] * max(P, 1) + point_of[seen])  # [T'] (camera, point) pairs, once each
+    cam, point = key // max(P, 1), key % max(P, 1)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(cam, minlength=C))]).astype(np.int64)  # [C + 1]
+    return TrackTable(offsets, point)
 
 
 def _no_image_folder(data_dir: Path, factor: int) -> str:
@@ -173,22 +222,22 @@ def _rotmats(q: np.ndarray) -> np.ndarray:
     ], 1)
 
 
-def _check_finite(model_dir: Path, images: Sequence[colmap_io.Image], points: colmap_io.Points) -> None:
+def _check_finite(model_dir: Path, names: Sequence[str], q: np.ndarray, t: np.ndarray,
+                  points: colmap_io.Points) -> None:
     """NaN or Inf in a pose or a point would surface much later as a NaN loss or a failed
-    normalization; refuse them here, naming the file and the image or point."""
+    normalization; refuse them here, naming the file and the image or point.
+    q: [C, 4] quaternions, t: [C, 3] translations, in the order of `names`."""
     def model_file(stem: str) -> Path:
         return next((model_dir / f"{stem}{ext}" for ext in (".bin", ".txt") if (model_dir / f"{stem}{ext}").exists()),
                     model_dir / f"{stem}.bin")
 
-    q = np.array([im.qvec for im in images]).reshape(-1, 4)  # [C, 4]
-    t = np.array([im.tvec for im in images]).reshape(-1, 3)  # [C, 3]
     suspects = np.flatnonzero(~(np.isfinite(q).all(1) & np.isfinite(t).all(1)) | ~(np.linalg.norm(q, axis=1) > 0))
-    for im in (images[i] for i in suspects[:1]):  # the first bad one, named as before
-        if not (np.isfinite(im.qvec).all() and np.isfinite(im.tvec).all()):
-            raise DataError(f"{model_file('images')}: image {im.name!r} has a non-finite pose (qvec {im.qvec.tolist()}, "
-                            f"tvec {im.tvec.tolist()}); the reconstruction is damaged: re-export or re-run it")
-        if not np.linalg.norm(im.qvec) > 0:
-            raise DataError(f"{model_file('images')}: image {im.name!r} has a zero rotation quaternion; "
+    for i in suspects[:1].tolist():  # the first bad one, named as before
+        if not (np.isfinite(q[i]).all() and np.isfinite(t[i]).all()):
+            raise DataError(f"{model_file('images')}: image {names[i]!r} has a non-finite pose (qvec {q[i].tolist()}, "
+                            f"tvec {t[i].tolist()}); the reconstruction is damaged: re-export or re-run it")
+        if not np.linalg.norm(q[i]) > 0:
+            raise DataError(f"{model_file('images')}: image {names[i]!r} has a zero rotation quaternion; "
                             "the reconstruction is damaged: re-export or re-run it")
     bad = ~np.isfinite(points.xyz).all(axis=1)  # [P]
     if bad.any():
@@ -206,18 +255,22 @@ def _match_name(image_dir: str, name: str, listings: Optional[Dict[str, tuple]] 
     parent, base = os.path.split(name)
     folder = os.path.join(image_dir, parent)
     if folder not in listings:
+        if len(listings) >= 4:  # names come sorted, folder by folder: keep a few listings, not all
+            listings.clear()
         try:
             entries = os.listdir(folder)
         except OSError:
             entries = []
-        stems: Dict[str, List[str]] = {}
-        for e in entries:
-            stems.setdefault(os.path.splitext(e)[0], []).append(e)
-        listings[folder] = (set(entries), stems)
-    files, stems = listings[folder]
-    if base in files:
+        listings[folder] = [set(entries), None]
+    entry = listings[folder]
+    if base in entry[0]:
         return name
-    matches = stems.get(os.path.splitext(base)[0], []) if "*" not in name and "?" not in name else []
+    if entry[1] is None:  # stems only when some name misses (PNGs for JPEGs)
+        stems: Dict[str, List[str]] = {}
+        for e in entry[0]:
+            stems.setdefault(os.path.splitext(e)[0], []).append(e)
+        entry[1] = stems
+    matches = entry[1].get(os.path.splitext(base)[0], []) if "*" not in name and "?" not in name else []
     return os.path.join(parent, matches[0]) if len(matches) == 1 else name
 
 
@@ -225,18 +278,27 @@ def _split(data_dir: Path, names: Sequence[str], test_every: int):
     test_file, train_file = data_dir / "test.txt", data_dir / "train.txt"
     if not test_file.exists():
         return split_every(names, test_every)
-    pos = {n: i for i, n in enumerate(names)}
     test_names = _read_names(test_file)
-    unknown = [n for n in test_names if n not in pos]
+    test_pos = _positions(names, test_names)
+    unknown = [n for n, p in zip(test_names, test_pos.tolist()) if p < 0]
     if unknown:
         raise DataError(f"{test_file}: names {unknown[:3]} are not images of the COLMAP model")
-    test = np.array(sorted(pos[n] for n in test_names), dtype=np.int64)
+    test = np.sort(test_pos)
     if train_file.exists():
         train_names = _read_names(train_file)
-        unknown = [n for n in train_names if n not in pos]
+        train_pos = _positions(names, train_names)
+        unknown = [n for n, p in zip(train_names, train_pos.tolist()) if p < 0]
         if unknown:
             raise DataError(f"{train_file}: names {unknown[:3]} are not images of the COLMAP model")
-        train = np.array(sorted(pos[n] for n in train_names), dtype=np.int64)
+        train = np.sort(train_pos)
     else:
         train = np.setdiff1d(np.arange(len(names)), test)
     return train, test
+
+
+def _positions(names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
+    """[len(wanted)] int64 index of each name in `names`, -1 where absent."""
+    if isinstance(names, NameList):
+        return names.positions(wanted)
+    pos = {n: i for i, n in enumerate(names)}
+    return np.array([pos.get(n, -1) for n in wanted], dtype=np.int64)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -17,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .errors import DataError
+from .names import fixed_width, utf8_ok
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,41 @@ class Model:
     cameras: Dict[int, Camera]
     images: Dict[int, Image]
     points: Points
+
+
+@dataclass
+class ImageTable:
+    """Every image of a model as arrays (file order), for captures of a million images: no
+    Python object per image (load_colmap reads models this way)."""
+
+    ids: np.ndarray  # [C] int64 image ids
+    qvecs: np.ndarray  # [C, 4] float64 (w, x, y, z), world-to-camera rotations
+    tvecs: np.ndarray  # [C, 3] float64, world-to-camera translations
+    camera_ids: np.ndarray  # [C] int64
+    names: np.ndarray  # [C] UTF-8 bytes (validated), or dtype object of bytes when widths differ wildly
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @staticmethod
+    def of(images: Dict[int, Image]) -> "ImageTable":
+        ims = list(images.values())
+        names = [im.name.encode("utf-8") for im in ims]
+        return ImageTable(np.array([im.id for im in ims], dtype=np.int64).reshape(-1),
+                          np.array([im.qvec for im in ims], dtype=np.float64).reshape(-1, 4),
+                          np.array([im.tvec for im in ims], dtype=np.float64).reshape(-1, 3),
+                          np.array([im.camera_id for im in ims], dtype=np.int64).reshape(-1), _names_array(names))
+
+
+def _names_array(names: List[bytes]) -> np.ndarray:
+    """[C] fixed-width bytes, or an object array when one name is far longer than the rest
+    (a fixed-width table costs C x the longest)."""
+    width, total = max(map(len, names), default=1), sum(map(len, names))
+    if width * len(names) > 16 * total + (1 << 20):
+        out = np.empty(len(names), dtype=object)
+        out[:] = names
+        return out
+    return np.array(names, dtype=f"S{max(width, 1)}")
 
 
 def qvec_to_rotmat(q: np.ndarray) -> np.ndarray:
@@ -145,6 +182,65 @@ def read_images_bin(path: Path) -> Dict[int, Image]:
         r.skip(24 * r.unpack("<Q")[0])  # points2D (x, y, point3D_id): not needed to train
         images[iid] = Image(iid, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), cid, name)
     return images
+
+
+_IMAGE_HEAD = np.dtype([("id", "<i4"), ("q", "<f8", (4,)), ("t", "<f8", (3,)), ("cam", "<i4")])  # 64 bytes
+
+
+def read_images_bin_table(path: Path) -> ImageTable:
+    """read_images_bin as arrays: one pass finds each record's start and name end (a few
+    Python operations per image, offsets kept in typed arrays, not a million int or bytes
+    objects), then the fixed 64-byte heads and the names are gathered with numpy in chunks."""
+    buf = path.read_bytes()
+    size = len(buf)
+    if size < 8:
+        raise DataError(f"{path}: truncated (wanted 8 bytes at offset 0, file has {size}); {REEXPORT}")
+    n = struct.unpack_from("<Q", buf, 0)[0]
+    starts, ends = array("q"), array("q")
+    find, unpack, pos = buf.find, struct.unpack_from, 8
+    for _ in range(n):
+        if pos + 64 > size:
+            raise DataError(f"{path}: truncated (wanted 64 bytes at offset {pos}, file has {size}); {REEXPORT}")
+        end = find(b"\0", pos + 64)
+        if end < 0:
+            raise DataError(f"{path}: truncated image name at offset {pos + 64}; {REEXPORT}")
+        if end + 9 > size:
+            raise DataError(f"{path}: truncated (wanted 8 bytes at offset {end + 1}, file has {size}); {REEXPORT}")
+        starts.append(pos)
+        ends.append(end)
+        pos = end + 9 + 24 * unpack("<Q", buf, end + 1)[0]  # points2D (x, y, point3D_id): not needed to train
+        if pos > size:
+            raise DataError(f"{path}: truncated (wanted {pos - end - 9} bytes at offset {end + 9}, file has {size}); {REEXPORT}")
+    s = np.frombuffer(starts, dtype=np.int64)  # [C] record starts
+    lengths = np.frombuffer(ends, dtype=np.int64) - s - 64  # [C] name lengths
+    data = np.frombuffer(buf, np.uint8)
+    C = len(s)
+    head = np.empty(C, _IMAGE_HEAD)  # [C]
+    for a in range(0, C, _CHUNK):
+        b = min(a + _CHUNK, C)
+        head[a:b] = data[s[a:b, None] + np.arange(64)].view(_IMAGE_HEAD)[:, 0]
+    names = fixed_width(data, s + 64, lengths)  # [C] 'S<width>'
+    if names is None:  # one name far longer than the rest: objects, not a C x longest table
+        names = np.empty(C, dtype=object)
+        names[:] = [buf[o + 64:o + 64 + k] for o, k in zip(s.tolist(), lengths.tolist())]
+    _check_utf8(path, names, s)
+    return ImageTable(head["id"].astype(np.int64), head["q"].astype(np.float64), head["t"].astype(np.float64),
+                      head["cam"].astype(np.int64), names)
+
+
+_CHUNK = 1 << 16  # records gathered at once (bounded temporaries: ~B x 64 x 8 bytes of indices)
+
+
+def _check_utf8(path: Path, names: np.ndarray, starts: np.ndarray) -> None:
+    """DataError naming the first image name (by its file offset) that is not UTF-8 (a
+    fixed-width table is checked at once: names.utf8_ok)."""
+    if names.dtype.kind == "S" and utf8_ok(names):
+        return
+    for a, raw in zip(starts.tolist(), names.tolist()):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: image name at offset {a + 64} is not UTF-8 ({e.reason}); {REEXPORT}") from None
 
 
 POINT_BIN_BYTES = struct.calcsize("<Q3d3BdQ")  # one point without its track
@@ -326,7 +422,16 @@ def write_model_txt(model: Model, folder: Path) -> None:
 def read_model(folder: Path) -> Model:
     """Reads `folder/{cameras,images,points3D}.bin`, else the `.txt` files.
     Raises DataError when the folder is missing, empty or inconsistent."""
-    folder = Path(folder)
+    return _read_model(Path(folder), table=False)
+
+
+def read_model_table(folder: Path) -> Tuple[Dict[int, Camera], ImageTable, Points]:
+    """read_model with the images as an ImageTable (no object per image: million-image captures)."""
+    model = _read_model(Path(folder), table=True)
+    return model.cameras, model.images, model.points
+
+
+def _read_model(folder: Path, table: bool) -> Model:
     if not folder.is_dir():
         raise DataError(f"COLMAP model folder {folder} does not exist (expected sparse/0 with cameras, images, points3D .bin or .txt)")
     for ext, readers in ((".bin", (read_cameras_bin, read_images_bin, read_points_bin)),
@@ -336,17 +441,25 @@ def read_model(folder: Path) -> Model:
             for p in paths[:2]:
                 if not p.exists():
                     raise DataError(f"{p} is missing (COLMAP model in {folder} is incomplete)")
-            cameras, images = readers[0](paths[0]), readers[1](paths[1])
+            cameras = readers[0](paths[0])
+            if table:
+                images = read_images_bin_table(paths[1]) if ext == ".bin" else ImageTable.of(readers[1](paths[1]))
+            else:
+                images = readers[1](paths[1])
             points = readers[2](paths[2]) if paths[2].exists() else Points(
                 np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0))
             break
     else:
         raise DataError(f"COLMAP model folder {folder} has no cameras.bin/images.bin or cameras.txt/images.txt")
-    if not images:
+    if not len(images):
         raise DataError(f"{paths[1]}: the COLMAP model has no registered images")
-    for im in images.values():
-        if im.camera_id not in cameras:
-            raise DataError(f"{paths[1]}: image {im.name!r} names camera {im.camera_id}, which {paths[0].name} does not define "
-                            f"(defined: {sorted(cameras)})")
+    if table:
+        unknown = np.flatnonzero(~np.isin(images.camera_ids, np.array(sorted(cameras), dtype=np.int64)))
+        bad = [(images.names[unknown[0]].decode("utf-8"), int(images.camera_ids[unknown[0]]))] if len(unknown) else []
+    else:
+        bad = [(im.name, im.camera_id) for im in images.values() if im.camera_id not in cameras][:1]
+    for name, cid in bad:
+        raise DataError(f"{paths[1]}: image {name!r} names camera {cid}, which {paths[0].name} does not define "
+                        f"(defined: {sorted(cameras)})")
     log.debug("read COLMAP model %s: %d cameras, %d images, %d points", folder, len(cameras), len(images), len(points.ids))
     return Model(cameras, images, points)

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .decode import ImageSpec
+from .names import NameList
 from .sources import ImageSource
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Scene:
-    names: List[str]  # [C_all] image names, sorted as gsplat sorts them (by name)
+    names: Sequence[str]  # [C_all] image names, sorted as gsplat sorts them (by name); a list or a NameList
     camtoworlds: np.ndarray  # [C_all, 4, 4] float64, OpenCV axes
     Ks: np.ndarray  # [C_all, 3, 3] float64, at the loaded image size
     widths: np.ndarray  # [C_all] int64, loaded image width
@@ -39,8 +40,8 @@ class Scene:
     transform: np.ndarray = field(default_factory=lambda: np.eye(4))  # [4, 4] normalised world = transform @ input world
     gaussians: Optional[Dict[str, np.ndarray]] = None  # ground-truth Gaussians of a synthetic scene
     # Per camera, the indices into `points` of the SfM points its image sees (COLMAP tracks;
-    # the depth loss's targets); None when the scene has no tracks.
-    point_tracks: Optional[List[np.ndarray]] = None
+    # the depth loss's targets): a list of arrays or a TrackTable; None when the scene has no tracks.
+    point_tracks: Optional[Sequence[np.ndarray]] = None
     kind: str = "colmap"
     # [C_all] undistort.Undistortion (shared by a distorted camera's images) or None: Ks,
     # widths and heights are then already the undistorted pinhole camera's.
@@ -56,7 +57,7 @@ class Scene:
             raise ValueError(f"Scene.points {self.points.shape} and points_rgb {self.points_rgb.shape} must both be [P, 3]")
         if self.undistort is not None and len(self.undistort) != C:
             raise ValueError(f"Scene.undistort has {len(self.undistort)} entries for {C} cameras")
-        if len(set(self.names)) != C:
+        if self.names.has_duplicates() if isinstance(self.names, NameList) else len(set(self.names)) != C:
             raise ValueError("Scene.names has duplicates")
 
     @property
@@ -75,9 +76,9 @@ class Scene:
         dtype = dtype or torch.float32
         return {
             "viewmats": torch.as_tensor(self.viewmats, dtype=dtype, device=device),
-            "Ks": torch.as_tensor(self.Ks, dtype=dtype, device=device),
-            "widths": torch.as_tensor(self.widths, dtype=torch.int64, device=device),
-            "heights": torch.as_tensor(self.heights, dtype=torch.int64, device=device),
+            "Ks": _tensor(self.Ks, dtype, device),
+            "widths": _tensor(self.widths, torch.int64, device),
+            "heights": _tensor(self.heights, torch.int64, device),
         }
 
     def spec(self, index: int) -> ImageSpec:
@@ -97,6 +98,16 @@ class Scene:
     def decoded_nbytes(self, indices: Optional[Sequence[int]] = None) -> int:
         idx = np.arange(self.num_cameras) if indices is None else np.asarray(indices, dtype=np.int64)
         return int((self.widths[idx] * self.heights[idx] * 3).sum())
+
+
+def _tensor(a: np.ndarray, dtype, device):
+    """torch tensor of `a`; a broadcast view (one K or size shared by every camera, as
+    colmap.py builds them for large captures) stays an expanded tensor, no bytes per camera."""
+    import torch
+
+    if a.ndim and a.strides[0] == 0:
+        return torch.as_tensor(np.array(a[:1]), dtype=dtype, device=device).expand(a.shape)
+    return torch.as_tensor(a, dtype=dtype, device=device)
 
 
 class _LazySpecs(Sequence):

@@ -22,6 +22,8 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .errors import DataError
+from .heap import TRIM_FROM, trim_heap
+from .names import NameList, encoded, fixed_width, utf8_ok
 from .sources import ImageSource
 
 log = logging.getLogger(__name__)
@@ -157,18 +159,22 @@ def _read_index(index_path: Path) -> Tuple[List[Path], np.ndarray, np.ndarray, n
         no_size = np.iinfo(np.int64).max  # format 1 lists no sizes: the files are checked instead
         sizes = np.array([int(s.get("bytes", no_size)) for s in shards], dtype=np.int64)  # [S]
         if index.get("format") == INDEX_FORMAT:
-            blob = (root / str(index["names"])).read_bytes()
-            raw = blob.split(b"\n")[:-1]
-            # Names are stored fixed-width (the longest): refuse a file whose one long name would
-            # make that table far larger than the file (real captures' names have similar lengths).
-            if raw and max(map(len, raw)) * len(raw) > 16 * len(blob) + (1 << 20):
+            blob = np.fromfile(root / str(index["names"]), dtype=np.uint8)  # [bytes] one name a line
+            ends = np.flatnonzero(blob == 10)  # [C] newline after each name
+            starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64) if len(ends) else ends.astype(np.int64)
+            # Names are stored fixed-width (the longest), gathered without a bytes object per
+            # name: refuse a file whose one long name would make that table far larger than the
+            # file (real captures' names have similar lengths).
+            names = fixed_width(blob, starts, ends - starts)
+            if names is None:
                 raise ValueError("one image name is far longer than the others")
+            if len(blob) and blob[-1] != 10:
+                raise ValueError(f"{index['names']} does not end with a newline")
             table = np.load(root / str(index["table"]), mmap_mode="r", allow_pickle=False)  # no read past the file
         else:  # format 1: the whole table in the JSON
             items = sorted(index["images"].items())
-            raw = [k.encode("utf-8") for k, _ in items]
+            names = np.array([k.encode("utf-8") for k, _ in items], dtype=bytes)  # [C] fixed-width bytes
             table = np.array([v for _, v in items], dtype=np.int64).reshape(-1, 3)
-        names = np.array(raw, dtype=bytes)  # [C] fixed-width bytes: ~name length per image, no objects
     except FileNotFoundError as e:
         raise DataError(f"shard index {index_path} (or its {Path(e.filename).name}) does not exist") from None
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError, UnicodeError,
@@ -180,6 +186,13 @@ def _read_index(index_path: Path) -> Tuple[List[Path], np.ndarray, np.ndarray, n
         raise DataError(f"{index_path}: malformed shard index (names unsorted or table not [{len(names)}, 3] "
                         "integers); re-run scripts/pack_shards.py")
     return paths, sizes, names, table
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """`values` (>= 0, checked before) as uint32 when they fit, else int64."""
+    if not len(values) or (values.min() >= 0 and values.max() <= np.iinfo(np.uint32).max):
+        return values.astype(np.uint32)
+    return values.astype(np.int64)
 
 
 class _FdLRU:
@@ -236,15 +249,15 @@ class TarShardSource(ImageSource):
         self.index_path = Path(index_path)
         self.shard_paths, sizes, indexed, table = _read_index(self.index_path)
         if names is None:
-            try:
-                self.names = [n.decode("utf-8") for n in indexed.tolist()]
-            except UnicodeDecodeError as e:
-                raise DataError(f"{self.index_path}: an image name is not UTF-8 ({e}); re-run scripts/pack_shards.py") from None
+            if not utf8_ok(indexed):  # validated at once, kept as bytes
+                raise DataError(f"{self.index_path}: an image name is not UTF-8; re-run scripts/pack_shards.py")
+            self.names = NameList(indexed) if len(indexed) else []
             rows = np.arange(len(indexed))
         else:
-            self.names = list(names)
+            # A NameList (load_colmap's) is kept as is: no list of C str per rank
+            self.names = names if isinstance(names, NameList) else list(names)
             # Vectorized lookup of every name in the sorted index (no dict of C entries).
-            wanted = np.array([n.encode("utf-8") for n in self.names], dtype=bytes)  # [C]
+            wanted = encoded(self.names)  # [C]
             rows = np.minimum(np.searchsorted(indexed, wanted), max(len(indexed) - 1, 0))
             absent = np.flatnonzero(indexed[rows] != wanted) if len(indexed) else np.arange(len(wanted))
             if len(absent):
@@ -255,24 +268,29 @@ class TarShardSource(ImageSource):
             i = int(np.flatnonzero((where[:, 0] < 0) | (where[:, 0] >= len(self.shard_paths)))[0])
             raise DataError(f"{self.index_path}: image {self.names[i]!r} names shard {where[i, 0]}, the index "
                             f"lists {len(self.shard_paths)}")
-        self._shard = where[:, 0].astype(np.int32)  # [C] (in range: checked above)
-        self._offset = where[:, 1].copy()  # [C] int64
-        self._length = where[:, 2].copy()  # [C] int64
+        # The narrowest integer types that hold the values (10 bytes per camera, not 24, at a
+        # million images); arithmetic on them is done in int64 (_wide).
+        self._shard = where[:, 0].astype(np.int16 if len(self.shard_paths) <= np.iinfo(np.int16).max else np.int32)  # [C]
+        self._offset = _narrow(where[:, 1])  # [C]
+        self._length = _narrow(where[:, 2])  # [C]
         # Every (offset, length) inside its shard's size as listed in the index, then each
         # shard file against it; check_shards=False leaves the files to the caller (a node
         # that holds only the shards of its own images: train/node_data.py).
         # length > size - offset, not offset + length > size: the sum of two huge values wraps
-        bad = np.flatnonzero((self._offset < 0) | (self._length < 0)
-                             | (self._length > sizes[self._shard] - np.maximum(self._offset, 0)))
+        offset, length = where[:, 1], where[:, 2]  # [C] int64
+        bad = np.flatnonzero((offset < 0) | (length < 0) | (length > sizes[self._shard] - np.maximum(offset, 0)))
         if len(bad):
             i, s = bad[0], self._shard[bad[0]]
-            raise DataError(f"{self.index_path}: image {self.names[i]!r} at offset {self._offset[i]} length "
-                            f"{self._length[i]} points past the end of {self.shard_paths[s]} ({sizes[s]} bytes); "
+            raise DataError(f"{self.index_path}: image {self.names[i]!r} at offset {offset[i]} length "
+                            f"{length[i]} points past the end of {self.shard_paths[s]} ({sizes[s]} bytes); "
                             "re-run scripts/pack_shards.py")
+        del where, offset, length
         if check_shards:  # a few hundred stats at most (256 MB shards), whatever C is
             for s in np.unique(self._shard).tolist():
                 self._check_shard(s)
         self._fds = _FdLRU(max_open)
+        if len(self.names) >= TRIM_FROM:
+            trim_heap()  # the index's [C] temporaries (~85 MB resident at a million images without it)
 
     def _check_shard(self, s: int) -> None:
         """DataError unless shard s exists with the size the index lists."""
@@ -282,7 +300,7 @@ class TarShardSource(ImageSource):
         except OSError:
             raise DataError(f"shard {path} (listed in {self.index_path}) is missing") from None
         mine = self._shard == s
-        end = int((self._offset[mine] + self._length[mine]).max()) if mine.any() else 0
+        end = int((self._offset[mine].astype(np.int64) + self._length[mine]).max()) if mine.any() else 0
         if end > size:
             raise DataError(f"{self.index_path}: images of {path} point past its end ({size} bytes); "
                             "re-run scripts/pack_shards.py")

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .errors import DataError
+from .names import NameList
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,36 @@ class ImageSource(ABC):
         pass
 
 
+class JoinedPaths(Sequence):
+    """[C] `folder/names[i]` (or `folder/renamed[i]`), joined on access: a million path
+    strings cost ~100 MB per rank (issue 20), the names are held anyway."""
+
+    def __init__(self, folder: str, names: Sequence[str], renamed: Optional[Dict[int, str]] = None):
+        self.folder, self.names, self.renamed = os.fspath(folder), names, dict(renamed or {})
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i = int(i) % len(self)
+        return os.path.join(self.folder, self.renamed.get(i) or self.names[i])
+
+
 class FolderSource(ImageSource):
     """Images as files: `paths[i]` is camera i's file."""
 
     def __init__(self, paths: Sequence[Union[str, Path]], names: Optional[Sequence[str]] = None):
-        # str, not Path: a million Path objects cost ~300 MB and seconds per rank to build
-        self.paths: List[str] = [os.fspath(p) for p in paths]
-        self.names = list(names) if names is not None else [os.path.basename(p) for p in self.paths]
-        self._sizes: Dict[int, int] = {}
+        # str, not Path: a million Path objects cost ~300 MB and seconds per rank to build;
+        # JoinedPaths and NameList are kept as given (no per-camera objects)
+        self.paths: Sequence[str] = paths if isinstance(paths, JoinedPaths) else [os.fspath(p) for p in paths]
+        if names is None:
+            self.names = [os.path.basename(p) for p in self.paths]
+        else:
+            self.names = names if isinstance(names, NameList) else list(names)
 
     def check_exist(self) -> None:
         """Every file present, else DataError naming the first missing (and how many)."""
@@ -78,12 +101,12 @@ class FolderSource(ImageSource):
             raise DataError(f"{self.paths[index]}: cannot read image ({e.strerror})") from None
 
     def encoded_size(self, index: int) -> int:
-        if index not in self._sizes:
-            try:
-                self._sizes[index] = os.stat(self.paths[index]).st_size
-            except OSError as e:
-                raise DataError(f"{self.paths[index]}: cannot stat image ({e.strerror})") from None
-        return self._sizes[index]
+        # Not memoized: the cache asks once per own camera and keeps the sizes in an array (a
+        # dict of them cost ~100 bytes per own camera, 50 MB per rank at a million images, W = 2)
+        try:
+            return os.stat(self.paths[index]).st_size
+        except OSError as e:
+            raise DataError(f"{self.paths[index]}: cannot stat image ({e.strerror})") from None
 
     def peek(self, index: int, head: int) -> Tuple[bytes, bytes]:
         try:

@@ -19,7 +19,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
+from ..data.heap import TRIM_FROM, trim_heap
 from .scene_setup import load_scene, scene_scale
 from .size_groups import group_cameras, group_images, merge_meta, size_groups
 from .node_data import check_own_images
@@ -113,6 +114,8 @@ class Trainer:
         budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
                                 budget=budget, rank=r)
+        if scene.num_cameras >= TRIM_FROM:
+            trim_heap()  # setup's freed [C_all] temporaries back to the OS (data/heap.py, issue 20)
 
         self.depth = (DepthTargets(scene, own.tolist(), None, None, self.scene_scale, self.device,
                                    warn=ctx.is_main) if cfg.depth_loss else None)  # own cameras' SfM depths
@@ -138,7 +141,7 @@ class Trainer:
             num_workers=cfg.num_workers, prefetch=cfg.prefetch, device=self.device,
         )
         if ctx.is_main:
-            sizes = sorted({(int(w), int(h)) for w, h in zip(scene.widths, scene.heights)})
+            sizes = self._image_sizes()
             log.info("scene: %d train / %d test cameras at %s, scale %.3f; %d Gaussians on %d ranks",
                      len(self.train_idx), len(self.test_idx), ", ".join(f"{w}x{h}" for w, h in sizes[:4])
                      + (f" (+{len(sizes) - 4} sizes)" if len(sizes) > 4 else ""), self.scene_scale, self.n_all, W)
@@ -501,10 +504,15 @@ class Trainer:
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
 
+    def _image_sizes(self) -> List[Tuple[int, int]]:
+        """The scene's distinct (width, height), sorted (numpy: no object per camera)."""
+        wh = np.unique(np.stack([self.widths, self.heights], 1), axis=0)  # [S, 2]
+        return [(int(w), int(h)) for w, h in wh.tolist()]
+
     def _scene_fingerprint(self) -> Dict[str, Any]:
         fp = {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,
               "names_head": self.scene.names[:3]}
-        sizes = sorted({(int(w), int(h)) for w, h in zip(self.widths, self.heights)})
+        sizes = self._image_sizes()
         if len(sizes) > 1:  # mixed sizes: all of them (a single-size scene's stays as before)
             fp["sizes"] = [list(s) for s in sizes]
         return fp

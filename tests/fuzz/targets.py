@@ -61,6 +61,9 @@ def _ply(d: Path):
 TARGETS: Dict[str, Target] = {
     "colmap_cameras_bin": Target("cameras.bin", lambda d: colmap_io.read_cameras_bin(d / "cameras.bin"), (DataError,)),
     "colmap_images_bin": Target("images.bin", lambda d: colmap_io.read_images_bin(d / "images.bin"), (DataError,)),
+    # the array reader load_colmap uses (million-image captures), on the same inputs
+    "colmap_images_bin_table": Target("images.bin", lambda d: colmap_io.read_images_bin_table(d / "images.bin"),
+                                      (DataError,)),
     "colmap_points_bin": Target("points3D.bin", lambda d: colmap_io.read_points_bin(d / "points3D.bin"), (DataError,)),
     "colmap_cameras_txt": Target("cameras.txt", lambda d: colmap_io.read_cameras_txt(d / "cameras.txt"), (DataError,)),
     "colmap_images_txt": Target("images.txt", lambda d: colmap_io.read_images_txt(d / "images.txt"), (DataError,)),
@@ -134,6 +137,7 @@ def seeds(scratch: Path) -> Dict[str, Dict[str, bytes]]:
                                          + b"c.png\0" + struct.pack("<Q", 1) + struct.pack("<ddq", 1.0, 2.0, -1))
     out["colmap_points_bin"]["track"] = (struct.pack("<Q", 1) + struct.pack("<Q3d3BdQ", 7, 1, 2, 3, 4, 5, 6, 0.1, 2)
                                          + struct.pack("<iiii", 1, 0, 2, 5))
+    out["colmap_images_bin_table"] = dict(out["colmap_images_bin"])
     out["colmap_images_txt"]["track"] = b"# c\n3 1 0 0 0 0 0 0 1 c.png\n1.0 2.0 -1 3.0 4.0 7\n"
     out["blender_transforms"] = {
         "angle": b'{"camera_angle_x": 0.69, "frames": [{"file_path": "./r_0", "transform_matrix": '
