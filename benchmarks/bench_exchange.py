@@ -32,6 +32,9 @@ import torch
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import viewmat_towards_origin  # noqa: E402
+
 WIDTH, HEIGHT = 96, 72
 # gsplat 1.5.3 rasterization(packed=True) with world_size > 1, as read in its rendering.py
 # and distributed.py (and stated in issue 3): all_gather of N and of (viewmats, Ks);
@@ -50,14 +53,7 @@ def make_scene(n_all: int, n_cameras: int):
     viewmats = []
     for i in range(n_cameras):
         a = 2 * math.pi * i / n_cameras
-        eye = torch.tensor([3 * math.cos(a), 0.3, 3 * math.sin(a)])
-        f = -eye / eye.norm()
-        r = torch.linalg.cross(f, torch.tensor([0.0, 1.0, 0.0]))
-        r = r / r.norm()
-        R = torch.stack([r, torch.linalg.cross(f, r), f])
-        V = torch.eye(4)
-        V[:3, :3], V[:3, 3] = R, -R @ eye
-        viewmats.append(V)
+        viewmats.append(viewmat_towards_origin([3 * math.cos(a), 0.3, 3 * math.sin(a)]))
     Ks = torch.tensor([[80.0, 0, WIDTH / 2], [0, 80.0, HEIGHT / 2], [0, 0, 1]]).expand(n_cameras, 3, 3)
     return [means, quats, scales, opacities, colors], torch.stack(viewmats), Ks.contiguous()
 

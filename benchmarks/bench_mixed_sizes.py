@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import viewmat_towards_origin, write_result  # noqa: E402
 from benchmarks.procs import run_ranks  # noqa: E402
 
 SCALE = int(os.environ.get("SCALE", 1))  # image sides and focal length x SCALE
@@ -47,16 +47,6 @@ CONFIGS: Dict[str, List[Tuple[int, int]]] = {  # (w, h) per batch camera, in bat
 }
 CONFIGS = {k: [(w * SCALE, h * SCALE) for w, h in v] for k, v in CONFIGS.items()}
 PADDED = {"padded2": "mixed2", "padded4": "mixed4"}
-
-
-def _lookat(eye: torch.Tensor) -> torch.Tensor:
-    f = -eye / eye.norm()
-    r = torch.linalg.cross(f, torch.tensor([0.0, 1.0, 0.0]))
-    r = r / r.norm()
-    R = torch.stack([r, torch.linalg.cross(f, r), f])
-    V = torch.eye(4)
-    V[:3, :3], V[:3, 3] = R, -R @ eye
-    return V
 
 
 FOCAL = 40.0 * SCALE  # px, every camera: the same pixel density, so the same pixels see the same area
@@ -78,7 +68,7 @@ def worker(ctx, n_all: int, steps: int) -> Dict[str, List[float]]:
             "opacities": torch.rand(n_all, generator=g) * 0.8 + 0.1, "colors": torch.rand(n_all, 3, generator=g)}
     a, b = chunk_bounds(n_all, W)[r]
     params = {k: v[a:b].clone().requires_grad_(True) for k, v in full.items()}
-    viewmats = torch.stack([_lookat(torch.tensor([3 * math.cos(t), 0.3, 3 * math.sin(t)]))
+    viewmats = torch.stack([viewmat_towards_origin([3 * math.cos(t), 0.3, 3 * math.sin(t)])
                             for t in (0.0, 1.6, 3.2, 4.8)])  # [4, 4, 4]
     owner = torch.arange(W).repeat_interleave(4 // W)  # [4] rank-major
 

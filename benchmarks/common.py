@@ -71,3 +71,15 @@ def write_result(name: str, payload: Dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+def viewmat_towards_origin(eye) -> "torch.Tensor":
+    """[4, 4] float32 world-to-camera of a camera at `eye` looking at the origin, y up in
+    the world (distsplat.data.synthetic.look_at, inverted): the benchmarks' orbit cameras."""
+    import numpy as np
+
+    from distsplat.data.synthetic import look_at
+
+    c2w = look_at(np.asarray(eye, dtype=np.float64), np.zeros(3), up=(0.0, 1.0, 0.0))
+    return torch.from_numpy(np.linalg.inv(c2w)).float()
+
