@@ -272,12 +272,10 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
         out.append(f"- README quick start (`quickstart_cpu.json`{stale_mark(quick)}): 2 CPU ranks, 600 steps, "
                    f"PSNR {quick['psnr']:.2f} dB, SSIM {quick['ssim']:.3f}, {quick['wall_s']:.0f} s launch to exit.")
     cap = []
-    for strategy in ("default", "mcmc"):
-        ours, peer = load_run(f"{strategy}_thermos_7000"), load(f"gsplat_peer_{strategy}")
-        if ours is not None and peer is not None:
-            ps = peer["summary"]
-            cap.append(f"`{strategy}` PSNR {ours['psnr']:.2f} vs {ps['psnr']:.2f} dB, training "
-                       f"{ours['elapsed']:.1f} vs {ps['train_seconds']:.1f} s{stale_mark(ours)}")
+    for strategy, ours, peer, _ in capture_runs():
+        ps = peer["summary"]
+        cap.append(f"`{strategy}` PSNR {ours['psnr']:.2f} vs {ps['psnr']:.2f} dB, training "
+                   f"{ours['elapsed']:.1f} vs {ps['train_seconds']:.1f} s{stale_mark(ours)}")
     if cap:
         out.append("- thermos (946x532), 7000 steps on one GPU, distsplat W = 1 vs gsplat's own trainer in the "
                    "same call: " + "; ".join(cap) + ".")
@@ -316,14 +314,21 @@ def load_run(name: str) -> Optional[Dict[str, Any]]:
     return d
 
 
+def capture_runs() -> List[Any]:
+    """(strategy, ours, gsplat's peer, ours re-run or None) of the thermos 7000-step GPU
+    runs, for the strategies where both trainers' records exist."""
+    out = []
+    for strategy in ("default", "mcmc"):
+        ours, peer = load_run(f"{strategy}_thermos_7000"), load(f"gsplat_peer_{strategy}")
+        if ours is not None and peer is not None:
+            out.append((strategy, ours, peer, load_run(f"{strategy}_thermos_7000_rerun")))
+    return out
+
+
 def section_capture_gpu() -> Optional[str]:
     """distsplat's trainer against gsplat's own on the real capture, one GPU, same call."""
     rows, lines = [], []
-    for strategy in ("default", "mcmc"):
-        ours, peer = load_run(f"{strategy}_thermos_7000"), load(f"gsplat_peer_{strategy}")
-        rerun = load_run(f"{strategy}_thermos_7000_rerun")
-        if ours is None or peer is None:
-            continue
+    for strategy, ours, peer, rerun in capture_runs():
         ps = peer["summary"]
         rows.append([strategy, "distsplat W=1" + stale_mark(ours), f"{ours['psnr']:.2f}", f"{ours['ssim']:.4f}",
                      ours["num_GS"], f"{ours['elapsed']:.1f}", f"{ours['peak_gpu_mem_gib']:.2f}", f"`{ours['commit'][:7]}`"])
