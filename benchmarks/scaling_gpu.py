@@ -32,7 +32,8 @@ into every batch camera and rasterize their own cameras with the same kernels).
 
     PYTHONPATH=$PWD python benchmarks/scaling_gpu.py
 Environment: SMALL=1 (a dry run: SMALL_SIZE="20000,128,96" Gaussians,width,height), WS (1,2,4,8), BATCHES (1,4),
-WARMUP (2), STEPS (6), TIME_LIMIT_S (200: past it, no new configuration starts and what is
+SCALING_WARMUP (3), SCALING_STEPS (20; prefixed so that a training's STEPS in the same shell does
+not leak in), TIME_LIMIT_S (200: past it, no new configuration starts and what is
 measured is written), REPLICAS (8: copies of test_garden's points), DISTSPLAT_DATA (the folder
 with test_garden.npz; default /work/shared/data). Writes benchmarks/results/scaling_gpu.json
 (scaling_gpu_small.json with SMALL=1) after every configuration; prints one summary line.
@@ -46,6 +47,7 @@ import gc
 import math
 import os
 import statistics
+import random
 import sys
 import time
 from pathlib import Path
@@ -591,7 +593,7 @@ def main() -> None:
     small = os.environ.get("SMALL", "0") == "1"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ws, batches = env_list("WS", "1,2,4,8"), env_list("BATCHES", "1,4")
-    warmup, steps = int(os.environ.get("WARMUP", 2)), int(os.environ.get("STEPS", 6))
+    warmup, steps = int(os.environ.get("SCALING_WARMUP", 3)), int(os.environ.get("SCALING_STEPS", 20))
     limit = float(os.environ.get("TIME_LIMIT_S", 200))
     if device.type == "cpu":
         torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -608,40 +610,44 @@ def main() -> None:
         add_speedups(rows)
         return write_result(name, payload(scene, rows, device, warmup, steps, setup_s, truncated, small))
 
+    # W = 1 first (every speed-up divides by it), the rest in a seeded shuffle: clocks that
+    # settle over the run then do not favour whichever configuration comes last.
+    configs = [(W, b) for W in ws for b in batches]
+    rest = [c for c in configs if c[0] != 1]
+    random.Random(int(os.environ.get("SCALING_ORDER_SEED", 0))).shuffle(rest)
     path = None
-    for W in ws:
-        for b in batches:
-            if time.perf_counter() - T_START > limit:
-                truncated.append(f"W={W} batch={b}: skipped, past TIME_LIMIT_S={limit:g}")
-                continue
-            t1 = time.perf_counter()
-            trainers = [virtual_rank_trainer(scene, W, r, b, device) for r in range(W)]
-            setup_s[f"W{W}_b{b}_ranks_s"] = round(time.perf_counter() - t1, 2)
-            t1 = time.perf_counter()
-            records = []
-            for i in range(warmup + steps):
-                rec = gpu_step(trainers, first_step + i, clock)
-                if i >= warmup:
-                    records.append(rec)
-                if time.perf_counter() - T_START > limit and len(records) >= 1:
-                    truncated.append(f"W={W} batch={b}: {len(records)} timed steps, past TIME_LIMIT_S")
-                    break
-            del trainers
-            gc.collect()
+    for W, b in [c for c in configs if c[0] == 1] + rest:
+        if time.perf_counter() - T_START > limit:
+            truncated.append(f"W={W} batch={b}: skipped, past TIME_LIMIT_S={limit:g}")
+            continue
+        t1 = time.perf_counter()
+        trainers = [virtual_rank_trainer(scene, W, r, b, device) for r in range(W)]
+        setup_s[f"W{W}_b{b}_ranks_s"] = round(time.perf_counter() - t1, 2)
+        t1 = time.perf_counter()
+        records = []
+        for i in range(warmup + steps):
+            rec = gpu_step(trainers, first_step + i, clock)
+            if i >= warmup:
+                records.append(rec)
+            if time.perf_counter() - T_START > limit and len(records) >= 1:
+                truncated.append(f"W={W} batch={b}: {len(records)} timed steps, past TIME_LIMIT_S")
+                break
+        del trainers
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if records:
+            row = summarize(records, W, b)
+            row["wall_s"] = round(time.perf_counter() - t1, 2)
             if device.type == "cuda":
-                torch.cuda.empty_cache()
-            if records:
-                row = summarize(records, W, b)
-                row["wall_s"] = round(time.perf_counter() - t1, 2)
-                if device.type == "cuda":
-                    row["max_memory_allocated_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-                    torch.cuda.reset_peak_memory_stats()
-                rows.append(row)
-                path = write()
-                p = row["predicted"]["ours"]["nvlink_h100"]
-                print(f"W={W} b={b}: compute {row['compute_only_step_ms']:.1f} ms, NVLink step {p['step_ms']:.1f} ms"
-                      f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent, "
-                      f"{row['wall_s']:.1f} s", flush=True)
+                row["max_memory_allocated_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                torch.cuda.reset_peak_memory_stats()
+            rows.append(row)
+            path = write()
+            p = row["predicted"]["ours"]["nvlink_h100"]
+            print(f"W={W} b={b}: compute {row['compute_only_step_ms']:.1f} ms, NVLink step {p['step_ms']:.1f} ms"
+                  f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent, "
+                  f"{row['wall_s']:.1f} s", flush=True)
     path = write()
     by = {(r["W"], r["batch_per_rank"]): r for r in rows}
     parts = []
@@ -683,7 +689,7 @@ def payload(scene, rows, device, warmup, steps, setup_s, truncated, small) -> Di
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "small": small,
         "gsplat_version": gsplat_version(),
-        "env": {k: os.environ[k] for k in ("SMALL", "SMALL_SIZE", "WS", "BATCHES", "WARMUP", "STEPS", "TIME_LIMIT_S",
+        "env": {k: os.environ[k] for k in ("SMALL", "SMALL_SIZE", "WS", "BATCHES", "SCALING_WARMUP", "SCALING_STEPS", "SCALING_ORDER_SEED", "TIME_LIMIT_S",
                                              "REPLICAS", "DISTSPLAT_DATA", "DISTSPLAT_GSPLAT_EXT") if k in os.environ},
         "scene": scene["describe"],
         "steps": {"warmup": warmup, "timed": steps},

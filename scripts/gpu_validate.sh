@@ -16,7 +16,9 @@
 #
 # Environment: OUT, DEADLINE_S (570: the whole call's time; checks are cut or skipped to
 # leave the archives time), STEPS (the default_7k / mcmc_7k trainings, default 7000), TRAIN_LIMIT (their
-# time limit, 240 s), DATA_FACTOR (thermos, 1 = 946x532).
+# time limit, 240 s), DATA_FACTOR (thermos, 1 = 946x532). The benchmarks read prefixed names of
+# their own (profile_gpu: PROFILE_STEPS/PROFILE_WARM; scaling_gpu: SCALING_STEPS/SCALING_WARMUP;
+# SCALING_LIMIT_S is its time limit here), so STEPS reaches the trainings only.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PART="${1:-1}"
