@@ -133,11 +133,11 @@ def test_pose_opt_training_is_w_invariant_and_identical_on_every_rank(run_worker
 
 @pytest.mark.slow
 def test_cli_two_ranks_with_every_extra(tmp_path):
-    """absgrad, depth loss and pose optimization together through the real CLI under
-    torchrun with 2 CPU ranks, to a checkpoint that resumes with them."""
+    """absgrad, depth loss, pose and appearance optimization together through the real CLI
+    under torchrun with 2 CPU ranks, to a checkpoint that resumes with them."""
     from torchrun_cli import TINY_FLAGS, torchrun
 
-    extras = ["--strategy.absgrad", "--depth_loss", "--pose_opt", "--pose_noise", "0.01",
+    extras = ["--strategy.absgrad", "--depth_loss", "--pose_opt", "--pose_noise", "0.01", "--app_opt",
               "--strategy.refine_start_iter", "10", "--strategy.refine_every", "10"]
     out = tmp_path / "run"
     p = torchrun(["default", "--max_steps", "30", "--eval_steps", "30", "--save_steps", "30",
@@ -145,9 +145,15 @@ def test_cli_two_ranks_with_every_extra(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "final: PSNR" in p.stdout
     cfg = json.loads((out / "cfg.yml").read_text())
-    assert cfg["strategy"]["grow_grad2d"] == 0.0008 and cfg["depth_loss"] and cfg["pose_opt"]
+    assert cfg["strategy"]["grow_grad2d"] == 0.0008 and cfg["depth_loss"] and cfg["pose_opt"] and cfg["app_opt"]
     shard = torch.load(next((out / "ckpts" / "step_000030").glob("*.pt")), weights_only=True)
     assert shard["pose_opt"]["deltas"].abs().max() > 0  # trained corrections in the checkpoint
+    assert shard["app_opt"]["embeds"].shape == (10, 16) and shard["app_opt"]["mlp"]["4.bias"].abs().max() > 0
+    from distsplat.train.export import ply_fields
+    from distsplat.viewer.model import read_ply_header
+
+    _, names, _ = read_ply_header(out / "ply" / "point_cloud_0030.ply")
+    assert names == ply_fields(0)  # the standard layout, colours baked into the DC term (as gsplat)
     p = torchrun(["default", "--max_steps", "40", "--eval_steps", "40", "--save_steps", "40",
                   "--ckpt", str(out / "ckpts"), "--result_dir", str(tmp_path / "resumed"), *TINY_FLAGS, *extras])
     assert p.returncode == 0, p.stderr[-3000:]
