@@ -154,6 +154,16 @@ def test_cli_two_ranks_with_every_extra(tmp_path):
 
     _, names, _ = read_ply_header(out / "ply" / "point_cloud_0030.ply")
     assert names == ply_fields(0)  # the standard layout, colours baked into the DC term (as gsplat)
+    # The viewer shows the checkpoint with the same baked colours as the PLY.
+    from distsplat.distributed import DistContext
+    from distsplat.viewer.model import load_model, read_ply_chunk
+
+    model = load_model(str(out / "ckpts"), DistContext(rank=0, world_size=1, local_rank=0,
+                                                       device=torch.device("cpu"), backend=None))
+    ply, _ = read_ply_chunk(out / "ply" / "point_cloud_0030.ply", 0, 1)
+    assert model.sh_degree == 0
+    # float32 PLY records of the same float32 bake: equal to float32 rounding of sh0 (|sh0| < 2)
+    torch.testing.assert_close(model.params["sh0"].float(), ply["sh0"], rtol=0, atol=1e-6)
     p = torchrun(["default", "--max_steps", "40", "--eval_steps", "40", "--save_steps", "40",
                   "--ckpt", str(out / "ckpts"), "--result_dir", str(tmp_path / "resumed"), *TINY_FLAGS, *extras])
     assert p.returncode == 0, p.stderr[-3000:]
