@@ -104,7 +104,9 @@ class Appearance:
         positions of the call's cameras (None: a zero embedding, test images and paths)."""
         table = None
         if cameras is not None:
-            rows = self.row[cameras.cpu()].to(self.embeds.device)  # [C]
+            rows = self.row[cameras.cpu()]  # [C]
+            if self.embeds.device.type == "cuda":  # queued on the stream: no host sync in the step
+                rows = rows.pin_memory().to(self.embeds.device, non_blocking=True)
             table = torch.cat([self.embeds, self.embeds.new_zeros(1, self.embed_dim)])[rows]  # [C, D]
 
         def colors(features: Tensor, dirs: Tensor, cams: Tensor) -> Tensor:  # [M, 35], [M, 3], [M]

@@ -498,8 +498,10 @@ class Trainer:
         payload["rng"] = rng_state(self.device)  # densification draws from it
         if self.pose is not None:  # identical on every rank; any shard restores it
             payload["pose_opt"] = self.pose.state_dict()
-        if self.app is not None:  # every rank's embedding rows in one table (one all-reduce)
-            payload["app_opt"] = self.app.state_dict()
+        if self.app is not None:  # every rank's embedding rows in one table (one all-reduce), in shard 0
+            app_state = self.app.state_dict()
+            if ctx.is_main:
+                payload["app_opt"] = app_state
 
         def finalize() -> None:  # rank 0, once every shard is written
             pos = self.batch_start + step - self.start_step
