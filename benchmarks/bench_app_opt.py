@@ -117,7 +117,8 @@ def main() -> None:
     bright, wb = float(os.environ.get("BRIGHT", 1.5)), float(os.environ.get("WB", 0.1))
     app_lr = float(os.environ.get("APP_LR", 1e-3))
     result = {"scene": "builtin tabletop (32 cameras, 96x72), training images scaled per image",
-              "steps": steps, "world_size": 2, "app_opt_lr": app_lr, "brightness_range": [1 / bright, bright], "white_balance": wb,
+              "steps": steps, "world_size": 2, "app_opt_lr": app_lr, "brightness_range": [1 / bright, bright],
+              "white_balance": wb,
               "load_avg_1min_before": round(os.getloadavg()[0], 2), "runs": {}}
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     for app_opt in (False, True):
