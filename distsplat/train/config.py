@@ -106,6 +106,17 @@ class Config:
     pose_noise: float = 0.0
     """Perturb the training poses (std of gsplat's 9 correction components) to test --pose_opt."""
 
+    # Appearance optimization (issue 18; gsplat's flags and defaults)
+    app_opt: bool = False
+    """Learn a per-image appearance embedding and a colour MLP (gsplat's AppearanceOptModule); test
+    images, paths and the PLY use a zero embedding."""
+    app_embed_dim: int = 16
+    """Appearance embedding dimension."""
+    app_opt_lr: float = 1e-3
+    """Learning rate of the colour MLP (the embeddings' is 10x, as gsplat)."""
+    app_opt_reg: float = 1e-6
+    """Weight decay of the appearance embeddings."""
+
     strategy: Union[DefaultStrategy, MCMCStrategy] = field(default_factory=DefaultStrategy)
     """Densification: gsplat's DefaultStrategy or MCMCStrategy, run on each rank's Gaussians.
     MCMC's cap_max is the GLOBAL cap, split across ranks."""
@@ -222,6 +233,8 @@ class Config:
             (math.isfinite(self.depth_lambda) and self.depth_lambda >= 0, "--depth_lambda", "must be >= 0"),
             (self.pose_opt_lr >= 0 and self.pose_opt_reg >= 0 and self.pose_noise >= 0,
              "--pose_opt_lr/--pose_opt_reg/--pose_noise", "must be >= 0"),
+            (self.app_embed_dim >= 0 and self.app_opt_lr >= 0 and self.app_opt_reg >= 0,
+             "--app_embed_dim/--app_opt_lr/--app_opt_reg", "must be >= 0"),
         ]
         for ok, flag, msg in checks:
             if not ok:

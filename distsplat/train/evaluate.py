@@ -44,7 +44,7 @@ def evaluate(
     names: Sequence[str],  # [C_test]
     ctx: DistContext,
     sh_degree: int,
-    render_kwargs: Dict,
+    render_kwargs: Dict,  # may hold sh_degree / pair_colors (--app_opt), which win
     renders_dir: Path,
     step: int,
     save_renders: int = 4,
@@ -73,7 +73,7 @@ def evaluate(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
                 viewmats[at], Ks[at], grp.width, grp.height,
                 torch.tensor([owner[i] for i in grp.positions.tolist()], dtype=torch.int64, device=viewmats.device),
-                sh_degree=sh_degree, **render_kwargs,
+                **{"sh_degree": sh_degree, **render_kwargs},  # render_kwargs may set the colour model
             )
             if not grp.own:
                 continue

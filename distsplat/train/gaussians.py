@@ -2,7 +2,9 @@
 contiguous chunk of the Gaussians, its parameters and optimizer state, nothing else).
 
 Parameters are stored raw, as gsplat's simple_trainer stores them: means, log scales,
-unnormalized quats, logit opacities, SH DC `sh0` [N, 1, 3] and rest `shN` [N, K-1, 3].
+unnormalized quats, logit opacities, SH DC `sh0` [N, 1, 3] and rest `shN` [N, K-1, 3]; with
+--app_opt (app_opt.py), as gsplat, appearance `features` [N, 32] and logit base `colors`
+[N, 3] instead of sh0 and shN.
 Initialization draws every random number for ALL Gaussians from one seeded generator and
 then keeps this rank's rows, so W ranks start from exactly the W=1 model.
 """
@@ -45,9 +47,11 @@ def init_gaussians(
     init_scale: float = 1.0,
     seed: int = 0,
     device: Optional[torch.device] = None,
+    feature_dim: Optional[int] = None,
 ) -> torch.nn.ParameterDict:
     """gsplat's initialization (scales from the 3 nearest neighbours, random quats,
-    constant opacity, colour in the SH DC term), of this rank's chunk only."""
+    constant opacity, colour in the SH DC term), of this rank's chunk only. feature_dim
+    (--app_opt): uniform features [N, feature_dim] and logit colours instead of SH."""
     n_all = points.shape[0]
     start, end = bounds
     g = torch.Generator().manual_seed(seed)
@@ -62,9 +66,13 @@ def init_gaussians(
         "scales": scales,
         "quats": quats,
         "opacities": torch.logit(torch.full((n,), init_opacity)),
-        "sh0": rgb_to_sh(rgbs[start:end].float())[:, None, :],
-        "shN": torch.zeros(n, k - 1, 3),
     }
+    if feature_dim is None:
+        params.update(sh0=rgb_to_sh(rgbs[start:end].float())[:, None, :], shN=torch.zeros(n, k - 1, 3))
+    else:  # drawn for all after the quats (the same values whatever W)
+        params["features"] = torch.rand(n_all, feature_dim, generator=g)[start:end]
+        # gsplat takes logit(rgb) as is: an SfM colour of 0 or 255 gives +-inf; 1e-3 keeps it finite
+        params["colors"] = torch.logit(rgbs[start:end].float(), eps=1e-3)
     return torch.nn.ParameterDict(
         {name: torch.nn.Parameter(t.to(device) if device is not None else t) for name, t in params.items()}
     )
@@ -81,6 +89,7 @@ def random_points(n: int, extent: float, seed: int = 0) -> Tuple[Tensor, Tensor]
 BASE_LRS = {
     "means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2,
     "sh0": 2.5e-3, "shN": 2.5e-3 / 20,
+    "features": 2.5e-3, "colors": 2.5e-3,  # --app_opt: gsplat gives both sh0's lr
 }
 
 
@@ -117,10 +126,14 @@ def create_optimizers(
 
 
 def activated(params: torch.nn.ParameterDict, sh_degree: Optional[int] = None) -> Dict[str, Tensor]:
-    """The renderer's inputs: positive scales, opacities in (0, 1), SH [N, K, 3]."""
-    colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
-    if sh_degree is not None:
-        colors = colors[:, : (sh_degree + 1) ** 2]
+    """The renderer's inputs: positive scales, opacities in (0, 1), SH [N, K, 3], or with
+    --app_opt features and base colour logits [N, 32 + 3] for app_opt.py's pair colours."""
+    if "features" in params:
+        colors = torch.cat([params["features"], params["colors"]], dim=1)  # [N, 35]
+    else:
+        colors = torch.cat([params["sh0"], params["shN"]], dim=1)  # [N, K, 3]
+        if sh_degree is not None:
+            colors = colors[:, : (sh_degree + 1) ** 2]
     return {
         "means": params["means"],
         "quats": params["quats"],

@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 GiB = float(2**30)
 # Parameters the renderer activates each step (activated() in gaussians.py): their copies
 # and the copies' gradients live until the backward pass ends.
-ACTIVATED = ("scales", "opacities", "sh0", "shN")
+# With --app_opt, features and colors are concatenated instead of sh0 and shN (the
+# appearance MLP's activations are per pair, not per Gaussian: not counted here).
+ACTIVATED = ("scales", "opacities", "sh0", "shN", "features", "colors")
 
 
 def rss_bytes() -> int:

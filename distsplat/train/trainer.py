@@ -42,6 +42,7 @@ from . import strategy_ops
 from .config import Config
 from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
+from .app_opt import check_resume as check_app_resume, colour_kwargs, setup_app_opt
 from .evaluate import evaluate, test_owners
 from .lpips import load_lpips
 from .metrics import report_eval
@@ -107,6 +108,8 @@ class Trainer:
             self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
         except ValueError as e:
             raise ValueError(f"--batch_size {cfg.batch_size}: {e}") from None
+        self.app = setup_app_opt(cfg, len(self.train_idx), self.batcher.own_cameras(r), cfg.batch_size * W,
+                                 self.device)  # None without --app_opt; embeddings of own images only
         t0, t1 = test_owners(len(self.test_idx), W)[r]
         own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])
         if cfg.node_local_data:  # images staged per node: this rank must have all it owns (node_data.py)
@@ -158,9 +161,11 @@ class Trainer:
         self.n_all = len(points)
         bounds = chunk_bounds(self.n_all, ctx.world_size)[ctx.rank]
         self.params = init_gaussians(points, rgbs, cfg.sh_degree, bounds, init_opacity=cfg.init_opa,
-                                     init_scale=cfg.init_scale, seed=cfg.seed, device=self.device)
+                                     init_scale=cfg.init_scale, seed=cfg.seed, device=self.device,
+                                     feature_dim=32 if cfg.app_opt else None)
         lrs = {"means": cfg.means_lr, "scales": cfg.scales_lr, "opacities": cfg.opacities_lr,
-               "quats": cfg.quats_lr, "sh0": cfg.sh0_lr, "shN": cfg.shN_lr}
+               "quats": cfg.quats_lr, "sh0": cfg.sh0_lr, "shN": cfg.shN_lr,
+               "features": cfg.sh0_lr, "colors": cfg.sh0_lr}  # --app_opt's, as gsplat
         self.optimizers = create_optimizers(self.params, cfg.batch_size * ctx.world_size,
                                             self.scene_scale, lrs)
         self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
@@ -219,11 +224,15 @@ class Trainer:
         """gsplat's schedule: the means' lr decays exponentially to 1% over the run."""
         return self.means_lr0 * 0.01 ** (min(step, self.cfg.max_steps) / self.cfg.max_steps)
 
-    def _render_kwargs(self, backgrounds: Optional[Tensor] = None) -> Dict[str, Any]:
+    def _render_kwargs(self, backgrounds: Optional[Tensor] = None, sh: Optional[int] = None,
+                       cameras: Optional[Tensor] = None) -> Dict[str, Any]:
+        """Render options; with `sh`, the colour model too: SH of that degree, or with
+        --app_opt the appearance MLP for training positions `cameras` [C] (None: zero embedding)."""
         cfg = self.cfg
+        colours = {} if sh is None else colour_kwargs(self.app, sh, cameras)
         return dict(packed=cfg.packed, backend=cfg.backend, near_plane=cfg.near_plane,
                     far_plane=cfg.far_plane, backgrounds=backgrounds,
-                    rasterize_mode="antialiased" if cfg.antialiased else "classic")
+                    rasterize_mode="antialiased" if cfg.antialiased else "classic", **colours)
 
     # ------------------------------------------------------------------ train
     def train(self) -> Dict[str, Any]:
@@ -312,8 +321,9 @@ class Trainer:
         for grp in groups:
             colors, _, meta = distributed_rasterize(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.select(owner), sh_degree=sh,
-                **self._render_kwargs(grp.select(backgrounds)), absgrad=getattr(self.strategy, "absgrad", False),
+                grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.select(owner),
+                **self._render_kwargs(grp.select(backgrounds), sh, grp.select(batch.cameras)),
+                absgrad=getattr(self.strategy, "absgrad", False),
                 render_mode="RGB" if self.depth is None else "RGB+ED",
             )
             metas.append(meta)
@@ -329,14 +339,19 @@ class Trainer:
         self.strategy.step_pre_backward(self.params, self.optimizers, self.strategy_state, step, meta)
         loss.backward()
         learned = self.params if self.pose is None else {**self.params, "pose": self.pose.deltas}
+        learned = learned if self.app is None else {**learned, **self.app.grads()}
         if self.divergence.bad_step(step, loss, learned):  # on any rank: no update, no densify
             for opt in self.optimizers.values():
                 opt.zero_grad(set_to_none=True)
             if self.pose is not None:
                 self.pose.optimizer.zero_grad(set_to_none=True)
+            if self.app is not None:
+                self.app.zero_grad()
             return None
         if self.pose is not None:
             self.pose.step()  # one all-reduce of the corrections' gradient, the same step everywhere
+        if self.app is not None:
+            self.app.step()  # one all-reduce of the MLP's gradient; embeddings on their owner only
         lr = self._means_lr(step)
         self.optimizers["means"].param_groups[0]["lr"] = lr
         for opt in self.optimizers.values():
@@ -428,7 +443,7 @@ class Trainer:
         stats, per_image = evaluate(
             lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[test], self.Ks[test],
             self.widths[self.test_idx.numpy()], self.heights[self.test_idx.numpy()], read, names, ctx,
-            self.cfg.sh_degree, self._render_kwargs(),
+            self.cfg.sh_degree, self._render_kwargs(sh=self.cfg.sh_degree),
             self.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
         )
         stats.update(num_GS=self.n_all, elapsed=elapsed, step=step)
@@ -464,7 +479,7 @@ class Trainer:
         first = int(self.train_idx[0])  # the path is seen through the first training camera, at its size
         n = render_frames(lambda: activated(self.params, cfg.sh_degree), viewmats, self.Ks[first],
                           int(self.widths[first]), int(self.heights[first]), self.ctx, cfg.sh_degree,
-                          self._render_kwargs(), frames)
+                          self._render_kwargs(sh=cfg.sh_degree), frames)
         mp4 = write_mp4(frames, n, frames.with_suffix(".mp4"), cfg.render_fps) if self.ctx.is_main else None
         if self.ctx.is_main:
             log.info("rendered %d frames (RGB | depth) to %s%s", n, frames, f" and {mp4}" if mp4 else "")
@@ -483,6 +498,10 @@ class Trainer:
         payload["rng"] = rng_state(self.device)  # densification draws from it
         if self.pose is not None:  # identical on every rank; any shard restores it
             payload["pose_opt"] = self.pose.state_dict()
+        if self.app is not None:  # every rank's embedding rows in one table (one all-reduce), in shard 0
+            app_state = self.app.state_dict()
+            if ctx.is_main:
+                payload["app_opt"] = app_state
 
         def finalize() -> None:  # rank 0, once every shard is written
             pos = self.batch_start + step - self.start_step
@@ -500,7 +519,8 @@ class Trainer:
         saved = self.saves.checkpoint(step, payload, finalize)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
-            export_ply(self.result_dir, step, dict(self.params), start, self.n_all, ctx, self.saves)
+            export_ply(self.result_dir, step, dict(self.params) if self.app is None else self.app.baked(self.params),
+                       start, self.n_all, ctx, self.saves)  # --app_opt: colours baked as gsplat
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
 
@@ -527,6 +547,7 @@ class Trainer:
                 f"--ckpt {meta['dir']} was written for another scene ({saved}) than this one "
                 f"({mine}); pass the matching --data_dir or start without --ckpt"
             )
+        check_app_resume(meta["state"].get("config", {}), self.cfg, meta["dir"])
         saved_sh = meta["state"].get("config", {}).get("sh_degree", self.cfg.sh_degree)
         if saved_sh != self.cfg.sh_degree:  # else the first render fails on the colours' shape
             raise ck.CheckpointError(
@@ -552,6 +573,8 @@ class Trainer:
         self.start_step = int(meta["step"])
         if self.pose is not None:
             self.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or self.pose.state_dict())
+        if self.app is not None:  # shard 0 holds every image's embedding; this rank keeps its own
+            self.app.load_state_dict(ck.load_shard(meta, 0)["app_opt"])
         if same_w:  # each rank continues its own stream
             set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank

@@ -40,7 +40,7 @@ def render_frames(
     height: int,
     ctx: DistContext,
     sh_degree: int,
-    render_kwargs: Dict,
+    render_kwargs: Dict,  # may hold sh_degree / pair_colors (--app_opt), which win
     frames_dir: Path,
 ) -> int:
     """Every rank renders its contiguous share of the frames (one per rank per round, like
@@ -61,7 +61,7 @@ def render_frames(
         colors, alphas, _ = distributed_rasterize(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
             viewmats[pos], K.expand(len(pos), 3, 3), width, height,
-            torch.tensor(owner, dtype=torch.int64, device=viewmats.device), sh_degree=sh_degree, **kwargs,
+            torch.tensor(owner, dtype=torch.int64, device=viewmats.device), **{"sh_degree": sh_degree, **kwargs},
         )
         if ctx.rank in owner:
             p = pos[owner.index(ctx.rank)]

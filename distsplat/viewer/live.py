@@ -223,6 +223,10 @@ def trainer_model(trainer: Any, step: int) -> RenderModel:
     sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
     kwargs = dict(packed=cfg.packed, backend=cfg.backend, near_plane=cfg.near_plane,
                   far_plane=cfg.far_plane, rasterize_mode="antialiased" if cfg.antialiased else "classic")
+    app = getattr(trainer, "app", None)
+    if app is not None:  # --app_opt: the colour MLP at a zero embedding, as the test images
+        kwargs["pair_colors"] = app.pair_colors(sh, None)
+        sh = None
     return RenderModel(lambda: activated(trainer.params, sh), sh, kwargs, version=step)
 
 

@@ -38,6 +38,22 @@ class LoadedModel:
         return activated(self.params, self.sh_degree)
 
 
+def _baked(meta: Dict[str, Any], cfg: Dict[str, Any], params: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """An --app_opt checkpoint's rows with SH colours: the appearance MLP (shard 0) at a
+    zero embedding and zero direction, as the PLY export bakes them (app_opt.py)."""
+    from ..train.app_opt import Appearance
+
+    state = ck.load_shard(meta, 0).get("app_opt")
+    if state is None:
+        raise ck.CheckpointError(f"--ckpt {meta['dir']}: its Gaussians carry appearance features but shard 0 "
+                                 "holds no appearance model (app_opt); view its PLY (R/ply/) instead")
+    n_train, dim = state["embeds"].shape
+    app = Appearance(n_train, torch.zeros(0, dtype=torch.int64), dim, int(cfg.get("sh_degree", 3)), 0.0, 0.0, 1,
+                     0, torch.device("cpu"), state["embeds"].dtype)
+    app.load_state_dict(state)
+    return app.baked({k: v.to(state["embeds"].dtype) for k, v in params.items()})
+
+
 def _sh_degree(k: int) -> int:
     d = int(round(math.sqrt(k))) - 1
     if (d + 1) ** 2 != k:
@@ -60,6 +76,8 @@ def load_model(path: str, ctx: DistContext) -> LoadedModel:
         start, end = chunk_bounds(n_all, ctx.world_size)[ctx.rank]
         params = ck.read_rows(meta, start, end)["params"]
         cfg = meta["state"].get("config", {})
+        if "features" in params:  # --app_opt: colours baked as in the PLY (zero embedding, DC only)
+            params = _baked(meta, cfg, params)
         kwargs = {k: cfg[k] for k in ("packed", "near_plane", "far_plane") if k in cfg}
         if cfg.get("antialiased"):
             kwargs["rasterize_mode"] = "antialiased"

@@ -133,11 +133,11 @@ def test_pose_opt_training_is_w_invariant_and_identical_on_every_rank(run_worker
 
 @pytest.mark.slow
 def test_cli_two_ranks_with_every_extra(tmp_path):
-    """absgrad, depth loss and pose optimization together through the real CLI under
-    torchrun with 2 CPU ranks, to a checkpoint that resumes with them."""
+    """absgrad, depth loss, pose and appearance optimization together through the real CLI
+    under torchrun with 2 CPU ranks, to a checkpoint that resumes with them."""
     from torchrun_cli import TINY_FLAGS, torchrun
 
-    extras = ["--strategy.absgrad", "--depth_loss", "--pose_opt", "--pose_noise", "0.01",
+    extras = ["--strategy.absgrad", "--depth_loss", "--pose_opt", "--pose_noise", "0.01", "--app_opt",
               "--strategy.refine_start_iter", "10", "--strategy.refine_every", "10"]
     out = tmp_path / "run"
     p = torchrun(["default", "--max_steps", "30", "--eval_steps", "30", "--save_steps", "30",
@@ -145,9 +145,101 @@ def test_cli_two_ranks_with_every_extra(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "final: PSNR" in p.stdout
     cfg = json.loads((out / "cfg.yml").read_text())
-    assert cfg["strategy"]["grow_grad2d"] == 0.0008 and cfg["depth_loss"] and cfg["pose_opt"]
-    shard = torch.load(next((out / "ckpts" / "step_000030").glob("*.pt")), weights_only=True)
+    assert cfg["strategy"]["grow_grad2d"] == 0.0008 and cfg["depth_loss"] and cfg["pose_opt"] and cfg["app_opt"]
+    shard = torch.load(sorted((out / "ckpts" / "step_000030").glob("*.pt"))[0], weights_only=True)  # rank 0's
     assert shard["pose_opt"]["deltas"].abs().max() > 0  # trained corrections in the checkpoint
+    assert shard["app_opt"]["embeds"].shape == (10, 16) and shard["app_opt"]["mlp"]["4.bias"].abs().max() > 0
+    from distsplat.train.export import ply_fields
+    from distsplat.viewer.model import read_ply_header
+
+    _, names, _ = read_ply_header(out / "ply" / "point_cloud_0030.ply")
+    assert names == ply_fields(0)  # the standard layout, colours baked into the DC term (as gsplat)
+    # The viewer shows the checkpoint with the same baked colours as the PLY.
+    from distsplat.distributed import DistContext
+    from distsplat.viewer.model import load_model, read_ply_chunk
+
+    model = load_model(str(out / "ckpts"), DistContext(rank=0, world_size=1, local_rank=0,
+                                                       device=torch.device("cpu"), backend=None))
+    ply, _ = read_ply_chunk(out / "ply" / "point_cloud_0030.ply", 0, 1)
+    assert model.sh_degree == 0
+    # float32 PLY records of the same float32 bake: equal to float32 rounding of sh0 (|sh0| < 2)
+    torch.testing.assert_close(model.params["sh0"].float(), ply["sh0"], rtol=0, atol=1e-6)
     p = torchrun(["default", "--max_steps", "40", "--eval_steps", "40", "--save_steps", "40",
                   "--ckpt", str(out / "ckpts"), "--result_dir", str(tmp_path / "resumed"), *TINY_FLAGS, *extras])
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+APP_LRS = {"features": 2.5e-3 * 3**0.5, "colors": 2.5e-3 * 3**0.5}  # gsplat's sh0 lr for both
+
+
+def app_opt(cfg):
+    # lr 1e-2 (gsplat's 1e-3 x 10): in 20 steps the MLP's zero last layer moves well off zero.
+    cfg.app_opt, cfg.app_opt_lr = True, 1e-2
+
+
+def embed_table(results):
+    """Every image's embedding [n_train, D], each from its owner rank (exactly one)."""
+    rows = torch.stack([r["app"]["embeds"] for r in results])  # [W, n_train, D], NaN off the owner
+    assert ((~rows.isnan()).sum(0) == 1).all()
+    return rows.nan_to_num(0.0).sum(0)
+
+
+def assert_same_appearance(runs, lr: float):
+    """Every rank's MLP bitwise identical (a bug there is caught at once)."""
+    for W, rs in runs.items():
+        for r in rs[1:]:
+            assert torch.equal(r["app"]["mlp"], rs[0]["app"]["mlp"]), W
+    assert_appearance_across_w(runs, lr)
+
+
+def assert_appearance_across_w(runs, lr: float):
+    """The MLP (rank 0's) and every image's embedding (from its owner) equal across W.
+    Tolerance in Adam steps (lr x sqrt(3)), as pose_opt's: the MLP's gradient sums every
+    pair of the batch and the Gaussians feeding it agree to ~1e-4 step
+    (assert_same_gaussians), so the MLP may differ by ~1e-3 step (measured: 6e-5 step at W=2,
+    4e-5 at W=3; embeddings 1e-5); a rank's share of the gradient missing (no all-reduce)
+    moves it by whole steps (measured: 15 steps, the embeddings 10)."""
+    mlp1, table1 = runs[1][0]["app"]["mlp"], embed_table(runs[1])
+    assert mlp1[-3:].abs().max() > 2 * lr * 3**0.5, mlp1[-3:]  # the last layer's bias: > 2 Adam steps off zero
+    for W in runs:
+        if W != 1:
+            torch.testing.assert_close(runs[W][0]["app"]["mlp"], mlp1, rtol=0, atol=1e-3 * lr * 3**0.5)
+            torch.testing.assert_close(embed_table(runs[W]), table1, rtol=0, atol=1e-3 * 10 * lr * 3**0.5)
+
+
+@pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
+def test_app_opt_training_is_w_invariant_and_identical_on_every_rank(run_workers, tmp_path, monkeypatch):
+    """--app_opt: W = 1, 2, 3 on the same batches give the same Gaussians (features and
+    colours included), the same MLP (bitwise on every rank) and the same embeddings (each
+    on its owner); W=2's checkpoint resumes on W=3 with the same embeddings and MLP."""
+    monkeypatch.setitem(LRS, "features", APP_LRS["features"])
+    monkeypatch.setitem(LRS, "colors", APP_LRS["colors"])
+    runs = run_w123(run_workers, tmp_path, app_opt, save_steps=[20])
+    assert "features" in runs[1][0]["params"] and "sh0" not in runs[1][0]["params"]
+    assert_same_gaussians(runs)
+    assert_same_appearance(runs, 1e-2)
+    cfg = densify_config(str(tmp_path / "r3"), 1, ckpt=str(tmp_path / "w2" / "ckpts"))
+    app_opt(cfg)
+    resumed = run_workers("trainer_workers:resume", 3, cfg)
+    assert torch.equal(embed_table(resumed), embed_table(runs[2]))  # W=2's rows, now on W=3's owners, exactly
+    for r in resumed:
+        assert torch.equal(r["app"]["mlp"], runs[2][0]["app"]["mlp"])
+
+
+@pytest.mark.slow  # 3 processes
+def test_app_opt_invariance_check_fails_without_the_mlp_all_reduce(run_workers, tmp_path, monkeypatch):
+    """The mutation check of the test above: W=2 with each rank stepping on its own share
+    of the MLP's gradient (the all-reduce replaced by the identity) must fail it."""
+    monkeypatch.setitem(LRS, "features", APP_LRS["features"])
+    monkeypatch.setitem(LRS, "colors", APP_LRS["colors"])
+
+    def cfg(W, batch_size, **kw):
+        c = densify_config(str(tmp_path / f"w{W}"), batch_size, **kw)
+        app_opt(c)
+        return c
+
+    runs = {1: run_workers("trainer_workers:train", 1, cfg(1, 3), 3, True),
+            2: run_workers("trainer_workers:train", 2, cfg(2, 1), 3, True, False, -1, 0.0, True)}  # no_app_all_reduce
+    assert not torch.equal(runs[2][0]["app"]["mlp"], runs[2][1]["app"]["mlp"])  # the copies drift apart
+    with pytest.raises(AssertionError):
+        assert_appearance_across_w(runs, 1e-2)  # and rank 0's leaves W=1's

@@ -9,6 +9,7 @@ import torch
 from distsplat.train.strategies import DefaultStrategy, MCMCStrategy
 
 from distsplat.distributed import CameraBatch, CameraBatcher, chunk_bounds, distributed_rasterize, gather_counts
+from distsplat.train.app_opt import colour_kwargs
 from distsplat.train.config import Config, SyntheticConfig
 from distsplat.train.gaussians import activated, create_optimizers
 from distsplat.train.trainer import Trainer
@@ -74,9 +75,19 @@ def fixed_view_render(trainer: Trainer) -> Optional[torch.Tensor]:
         colors, _, _ = distributed_rasterize(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
             trainer.viewmats[test], trainer.Ks[test], trainer.width, trainer.height,
-            torch.zeros(len(test), dtype=torch.int64), sh_degree=trainer.cfg.sh_degree,
+            torch.zeros(len(test), dtype=torch.int64),
+            **colour_kwargs(getattr(trainer, "app", None), trainer.cfg.sh_degree),  # SH, or --app_opt's MLP
         )
     return colors if trainer.ctx.rank == 0 else None
+
+
+def _app(trainer: Trainer) -> Optional[Dict[str, torch.Tensor]]:
+    """--app_opt's state on this rank: its embedding rows in the [n_train, D] table (NaN
+    elsewhere) and the MLP's parameters flattened (issue 18)."""
+    app = getattr(trainer, "app", None)
+    if app is None:
+        return None
+    return {"embeds": app.table(), "mlp": torch.cat([p.detach().reshape(-1) for p in app.mlp.parameters()])}
 
 
 def _params(trainer: Trainer) -> Dict[str, torch.Tensor]:
@@ -105,6 +116,9 @@ def to_float64(trainer: Trainer, global_batch: int, anisotropic: float = 0.0) ->
     if getattr(trainer, "pose", None) is not None:  # pose corrections (issue 18)
         trainer.pose.global_batch = global_batch  # the replayed batch, as the optimizers above
         trainer.pose.to(torch.float64)
+    if getattr(trainer, "app", None) is not None:  # appearance optimization (issue 18)
+        trainer.app.global_batch = global_batch
+        trainer.app.to(torch.float64)
     if "grad2d" in trainer.strategy_state:  # DefaultStrategy's gradient sum (gsplat's is float32)
         trainer.strategy_state["grad2d"] = torch.zeros(len(trainer.params["means"]), dtype=torch.float64)
 
@@ -135,10 +149,15 @@ def record_adam(trainer: Trainer) -> Dict[str, Dict[str, List[torch.Tensor]]]:
 
 
 def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, record: bool = False,
-          drop_rank_grad: int = -1, anisotropic: float = 0.0) -> Dict[str, Any]:
+          drop_rank_grad: int = -1, anisotropic: float = 0.0, no_app_all_reduce: bool = False) -> Dict[str, Any]:
     """Sets up, trains, returns this rank's parameters, metrics and a fixed-view render.
     record: also each step's gradients and Adam denominators (record_adam).
-    drop_rank_grad: a deliberate bug for mutation checks: that rank zeroes its gradients."""
+    drop_rank_grad: a deliberate bug for mutation checks: that rank zeroes its gradients.
+    no_app_all_reduce: another (--app_opt): each rank steps on its own share of the MLP's gradient."""
+    if no_app_all_reduce:
+        import distsplat.train.app_opt as app_opt
+
+        app_opt.all_reduce_sum = lambda x: x
     cls = ReplayTrainer if replay_shards else Trainer
     cls.shards = replay_shards or 2
     trainer = cls(copy.deepcopy(cfg), ctx)
@@ -159,7 +178,8 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
                "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
                "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state(),
                "uid": trainer.strategy_state["uid"].clone(), "events": events,
-               "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone()}
+               "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone(),
+               "app": _app(trainer)}
         if rec is not None:
             out["adam"] = {k: {f: (torch.stack(v) if f != "lr" else torch.tensor(v)) for f, v in r.items()}
                            for k, r in rec.items()}
@@ -212,7 +232,8 @@ def resume(ctx, cfg: Config) -> Dict[str, Any]:
         return {"params": _params(trainer), "render": fixed_view_render(trainer),
                 "start_step": trainer.start_step, "rng": torch.get_rng_state(),
                 "uid": trainer.strategy_state["uid"].clone(),
-                "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone()}
+                "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone(),
+                "app": _app(trainer)}
     finally:
         trainer.cleanup()
 
