@@ -87,27 +87,43 @@ def test_training_from_shards_equals_training_from_the_image_folder(capture, tmp
     _assert_same_result(folder_run, tmp_path / "run")
 
 
-@pytest.mark.slow
-def test_nodes_train_on_their_staged_shards_as_on_shared_storage(capture, tmp_path):
-    full, packed, folder_run = capture
-    cwds = [tmp_path / "node0", tmp_path / "node1"]
+def _stage(packed: Path, cwds) -> list:
+    """scripts/stage_nodes.py --shards --copy-to for both nodes of a W=2 run (one rank each):
+    cwds[n]/scene; the number of images staged per node."""
     staged = []
     for n in (0, 1):
         out = _script("stage_nodes.py", "--data_dir", packed, "--data_factor", "2", "--world_size", "2",
-                      "--nproc_per_node", "1", "--node", n, "--shards", packed / "shards" / "index.json",
+                      "--nproc_per_node", "1", "--node", n, "--shards", "shards/index.json",
                       "--copy-to", cwds[n] / "scene")
+        assert json.loads(out)["data_shards"] == "shards/index.json"  # the same flag on every node
         staged.append(json.loads(out)["images"])
+    return staged
+
+
+NODE_FLAGS = [*FLAGS, "--data_dir", "scene", "--data_shards", "shards/index.json", "--node_local_data"]
+
+
+@pytest.mark.slow
+def test_nodes_train_on_their_staged_shards_as_on_shared_storage(capture, tmp_path):
+    _, packed, folder_run = capture
+    cwds = [tmp_path / "node0", tmp_path / "node1"]
+    staged = _stage(packed, cwds)
     assert sum(staged) == 14 and min(staged) >= 6  # each image on one node, near halves
-    flags = [*FLAGS, "--data_dir", "scene", "--data_shards", "shards/index.json", "--node_local_data"]
-    nodes = torchrun_nodes([*flags, "--result_dir", str(tmp_path / "run")], nproc=1, cwds=cwds)
+    nodes = torchrun_nodes([*NODE_FLAGS, "--result_dir", str(tmp_path / "run")], nproc=1, cwds=cwds)
     for n, p in enumerate(nodes):
         assert p.returncode == 0, f"node {n}:\n{p.stderr[-3000:]}"
     _assert_same_result(folder_run, tmp_path / "run")
 
-    # Node 1's shards re-packed without one of its images: every rank stops at setup, naming it.
+
+@pytest.mark.slow
+def test_a_node_whose_shards_lack_an_image_stops_at_setup_naming_it(capture, tmp_path):
     from distsplat.data import TarShardSource
     from distsplat.data.shards import write_shards
 
+    _, packed, _ = capture
+    cwds = [tmp_path / "node0", tmp_path / "node1"]
+    _stage(packed, cwds)
+    # node 1's shards re-packed without one of its images
     index = cwds[1] / "scene" / "shards" / "index.json"
     src = TarShardSource(index)
     data = {n: src.read(i) for i, n in enumerate(src.names)}
@@ -115,8 +131,8 @@ def test_nodes_train_on_their_staged_shards_as_on_shared_storage(capture, tmp_pa
     gone, kept = src.names[0], list(src.names)[1:]
     shutil.rmtree(index.parent)
     write_shards(kept, lambda k: data[kept[k]], index.parent)
-    nodes = torchrun_nodes([*flags, "--result_dir", str(tmp_path / "run2")], nproc=1, cwds=cwds)
+    nodes = torchrun_nodes([*NODE_FLAGS, "--result_dir", str(tmp_path / "run")], nproc=1, cwds=cwds)
     assert all(p.returncode != 0 for p in nodes)
     err = nodes[0].stderr
     assert "node 1 (host " in err and "lacks 1 of the " in err and repr(gone) in err, err[-3000:]
-    assert "step 1/" not in err
+    assert "step 1/" not in err  # stopped before training
