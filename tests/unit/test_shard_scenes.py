@@ -112,7 +112,7 @@ def _stage(root: Path, node: int, dest: Path, *extra) -> dict:
 @pytest.mark.parametrize("kind", ["blender", "nerfstudio"])
 def test_blender_and_nerfstudio_scenes_stage_per_node_and_load_there(scenes, tmp_path, kind):
     root = scenes[kind]
-    full = load_scene_dir(root, 1)
+    full = load_scene(Config(data_dir=str(root), data_factor=1))
     per_node = owned_by_node(full, 4, 2, seed=7)
     for node in (0, 1):
         dest = tmp_path / f"n{node}"
@@ -120,7 +120,7 @@ def test_blender_and_nerfstudio_scenes_stage_per_node_and_load_there(scenes, tmp
         own = per_node[node].tolist()
         staged = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.suffix in (".png", ".jpg")}
         assert staged == {full.names[i] for i in own}  # exactly the node's images, at their paths
-        local = load_scene_dir(dest, 1, check=False)  # what --node_local_data loads on the node
+        local = load_scene(Config(data_dir=str(dest), data_factor=1, node_local_data=True))  # the trainer's load
         _same_scene_cameras(full, local)
         check_own_images(local, own, f"node {node}")
         other = per_node[1 - node][0]
