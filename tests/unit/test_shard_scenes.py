@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from distsplat.data import DataError, ImageCache, TarShardSource, pack_shards, write_blender
+from distsplat.data.sources import FolderSource
 from distsplat.data.synthetic import make_synthetic_scene, splat_points
 from distsplat.train.config import Config
-from distsplat.train.node_data import check_own_images, owned_by_node
-from distsplat.train.scene_setup import load_scene, load_scene_dir
+from distsplat.train.node_data import check_own_images, owned_by_node, owned_by_rank
+from distsplat.train.scene_setup import checks_own_images, load_scene, load_scene_dir
 
 from .data_helpers import colmap_to_nerfstudio, make_colmap_dataset
 
@@ -151,3 +152,33 @@ def test_blender_shards_stage_per_node(scenes, tmp_path):
     check_own_images(local, own, "node 1")
     for i in own:
         np.testing.assert_array_equal(_pixels(local, i), _pixels(full, i))
+
+
+def test_a_rank_reads_only_its_own_images_from_shards(scenes, tmp_path, monkeypatch):
+    """The trainer's data path from shards (load_scene, check_own_images, the rank's cache
+    filled): the images whose bytes it touches are its own, plus one per COLMAP camera that
+    the loader reads for the image size. From the folder every rank checks every image."""
+    root = scenes["colmap"]
+    pack_shards(root / "images", tmp_path / "shards")
+    touched = []
+    for cls in (TarShardSource, FolderSource):
+        for name in ("peek", "read"):
+            orig = getattr(cls, name)
+            monkeypatch.setattr(cls, name, lambda self, i, *a, _orig=orig: touched.append(int(i)) or _orig(self, i, *a))
+    for flags in ({"data_shards": str(tmp_path / "shards")}, {}):  # a folder: its index.json
+        touched.clear()
+        cfg = Config(data_dir=str(root), data_factor=1, seed=3, **flags)
+        scene = load_scene(cfg)
+        at_load = set(touched)
+        own = owned_by_rank(scene, 3, seed=3)[1].tolist()
+        if checks_own_images(cfg):
+            check_own_images(scene, own, "rank 1")
+        cache = ImageCache(scene.images, scene.specs(), own, mode="compressed")
+        out = np.zeros(scene.spec(own[0]).shape, np.uint8)
+        for i in own:
+            cache.read_into(i, out)
+        if flags:
+            assert len(at_load) == 1  # one COLMAP camera: one image for its size
+            assert set(touched) == set(own) | at_load  # every own image checked and read, no other
+        else:
+            assert at_load == set(range(scene.num_cameras))
