@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def check_own_images(scene: Scene, own: Sequence[int], where: str) -> None:
         absent = source.absent(own)
         if absent:
             raise DataError(f"{where} lacks {len(absent)} of the {len(own)} images its ranks own: the shard index "
-                            f"{source.index_path} does not hold {_listed([repr(scene.names[i]) for i in absent])}. "
+                            f"{source.index_path} does not hold {listed([repr(scene.names[i]) for i in absent[:LISTED]], len(absent))}. "
                             f"{stage}; with shards, pass --data_shards the index stage_nodes.py --shards wrote")
     if isinstance(source, (FolderSource, TarShardSource)):
         files = files_of(scene, own)
@@ -79,12 +79,15 @@ def check_own_images(scene: Scene, own: Sequence[int], where: str) -> None:
         if missing:
             what = "image files" if isinstance(source, FolderSource) else "tar shards"
             raise DataError(f"{where} lacks {len(missing)} of the {len(files)} {what} its ranks own: "
-                            f"{_listed([str(p) for p in missing])}. {stage}")
+                            f"{listed([str(p) for p in missing])}. {stage}")
     check_images(source, scene.specs(), own)  # headers, truncation and sizes of exactly what this rank reads
 
 
-def _listed(items: Sequence[str]) -> str:
-    more = f" and {len(items) - LISTED} more" if len(items) > LISTED else ""
+def listed(items: Sequence[str], total: Optional[int] = None) -> str:
+    """The first LISTED items, comma-separated, and how many more of `total` (default:
+    len(items)) there are (for error messages)."""
+    total = len(items) if total is None else total
+    more = f" and {total - LISTED} more" if total > LISTED else ""
     return ", ".join(items[:LISTED]) + more
 
 

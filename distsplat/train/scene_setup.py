@@ -1,4 +1,5 @@
-"""From --data_dir to a `Scene` whose images can be read: COLMAP, Blender or nerfstudio folders, or the
+"""From --data_dir (and --data_shards: the images in tar shards) to a `Scene` whose images can be read:
+COLMAP, Blender or nerfstudio folders, or the
 built-in synthetic scene, whose ground-truth images this layer renders (the data layer
 never renders): each rank renders only the images of cameras it owns, when first read."""
 
@@ -17,7 +18,7 @@ from ..data.synthetic import attach_images
 from ..data.tabletop import make_tabletop_scene
 from ..render import rasterize
 from .config import Config
-from .node_data import LISTED
+from .node_data import LISTED, listed
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +76,9 @@ def check_all_indexed(scene: Scene) -> None:
     src = scene.images
     absent = src.absent(range(scene.num_cameras)) if isinstance(src, TarShardSource) else []
     if absent:
-        listed = ", ".join(repr(scene.names[i]) for i in absent[:LISTED])
-        more = f" and {len(absent) - LISTED} more" if len(absent) > LISTED else ""
+        names = [repr(scene.names[i]) for i in absent[:LISTED]]
         raise DataError(f"--data_shards {src.index_path}: {len(absent)} of the scene's {scene.num_cameras} images "
-                        f"are not in the shards: {listed}{more}. Pack the images the model names (COLMAP: the folder "
+                        f"are not in the shards: {listed(names, len(absent))}. Pack the images the model names (COLMAP: the folder "
                         "images_N/ or images/; Blender/nerfstudio: --data_dir, names as the frames' file_path) with "
                         "scripts/pack_shards.py")
 
