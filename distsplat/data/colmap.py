@@ -116,24 +116,30 @@ def load_colmap(
         if check:
             source.check_exist()
 
-    # Sizes: every image's header when checking, else the first image of each camera (gsplat)
-    # found here: with images staged per node (check=False) a node holds only its own.
+    # Sizes: every image's header when checking, else the first image found here of each
+    # camera size (gsplat reads one image): with images staged per node (check=False) a node
+    # holds only its own, and a capture with one COLMAP camera per image has a camera per
+    # image; images of cameras of one size are stored at one size (the owner's check_images
+    # verifies its own at setup).
     cam_wh = np.array([(cameras[c].width, cameras[c].height) for c in cam_list], dtype=np.int64)  # [K, 2]
     if check:
         stored = np.array(probe_images(source, range(C)), dtype=np.int64).reshape(-1, 2)  # [C, 2]
         check_sizes(names, stored.tolist(), cam_wh[cam_pos].tolist(), (source.where(i) for i in range(C)))
     else:
-        first = np.full((len(cam_list), 2), -1, dtype=np.int64)  # [K, 2]
-        for k in np.unique(cam_pos).tolist():
-            for i in np.flatnonzero(cam_pos == k).tolist():
+        sizes_wh, size_of_cam = np.unique(cam_wh, axis=0, return_inverse=True)  # [S, 2], [K]
+        size_of_image = size_of_cam.reshape(-1)[cam_pos]  # [C]
+        first = np.full((len(sizes_wh), 2), -1, dtype=np.int64)  # [S, 2]
+        for g in np.unique(size_of_image).tolist():
+            for i in np.flatnonzero(size_of_image == g).tolist():
                 if source.has(i):
-                    first[k] = probe_images(source, [i])[0]
-                    check_sizes([names[i]], [tuple(first[k])], [tuple(cam_wh[k])], [source.where(i)])
+                    first[g] = probe_images(source, [i])[0]
+                    check_sizes([names[i]], [tuple(first[g])], [tuple(sizes_wh[g])], [source.where(i)])
                     break
             else:
-                raise DataError(f"{image_dir}: no image of COLMAP camera {cam_list[k]} is present here, so its image "
-                                "size is unknown; stage at least one of its images on this node")
-        stored = first[cam_pos]  # [C, 2]
+                w, h = sizes_wh[g].tolist()
+                raise DataError(f"{image_dir}: no image of the {w}x{h} COLMAP cameras is present here, so their "
+                                "stored size is unknown; stage at least one of their images on this node")
+        stored = first[size_of_image]  # [C, 2]
     if shards is not None and factor > 1 and (stored == cam_wh[cam_pos]).all():
         on_the_fly = True  # shards of images/ (the full size) with --data_factor N: downscaled on load
     # One K, size and undistortion plan per (COLMAP camera, stored size) group, not per image:

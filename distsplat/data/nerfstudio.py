@@ -195,13 +195,13 @@ def load_nerfstudio(
             source.check_exist()
     if check:
         stored = probe_images(source, range(len(names)))
-    else:  # one image per camera (a node-local stage holds only its ranks' images)
-        of_camera: Dict[int, List[int]] = {}
+    else:  # one image per camera size (a node-local stage holds only its ranks' images; see load_colmap)
+        of_size: Dict[Tuple[int, int], List[int]] = {}
         for i, c in enumerate(cams):
-            of_camera.setdefault(c.id, []).append(i)
-        first = {c: probe_images(source, [first_present(source, f"{path} camera {c}", idx)])[0]
-                 for c, idx in of_camera.items()}
-        stored = [first[c.id] for c in cams]
+            of_size.setdefault((c.width, c.height), []).append(i)
+        first = {wh: probe_images(source, [first_present(source, f"{path} frames of size {wh[0]}x{wh[1]}", idx)])[0]
+                 for wh, idx in of_size.items()}
+        stored = [first[(c.width, c.height)] for c in cams]
     check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
     if shards is not None and factor > 1 and all(tuple(s) == (c.width, c.height) for s, c in zip(stored, cams)):
         on_the_fly = True  # shards of the full-size images with --data_factor N: downscaled on load

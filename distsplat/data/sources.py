@@ -85,8 +85,8 @@ def first_present(source: ImageSource, where: object, indices: Optional[Sequence
     for i in range(len(source)) if indices is None else indices:
         if source.has(i):
             return int(i)
-    raise DataError(f"{where}: none of the scene's images is present here, so their size is unknown; "
-                    "stage this node's images (scripts/stage_nodes.py) or give the right --data_dir")
+    raise DataError(f"{where}: none of these images is present here, so their stored size is unknown; "
+                    "stage at least one of them on this node (scripts/stage_nodes.py) or give the right --data_dir")
 
 
 class FolderSource(ImageSource):

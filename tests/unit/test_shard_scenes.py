@@ -182,3 +182,30 @@ def test_a_rank_reads_only_its_own_images_from_shards(scenes, tmp_path, monkeypa
             assert set(touched) == set(own) | at_load  # every own image checked and read, no other
         else:
             assert at_load == set(range(scene.num_cameras))
+
+
+def test_a_camera_per_image_capture_loads_on_a_node_holding_its_images_only(tmp_path):
+    """COLMAP without single_camera gives every image its own camera (same sensor): a node
+    holds images of only some of them. The loader reads one image per camera SIZE, so the
+    node's scene is the full one; its own images are then checked (check_own_images)."""
+    from distsplat.data import colmap_io
+    from distsplat.train.node_data import files_of
+
+    root = make_colmap_dataset(tmp_path / "full", num_cameras=10, width=40, height=30, factors=(2,))
+    model = colmap_io.read_model(root / "sparse" / "0")
+    cam = model.cameras[1]
+    model.cameras = {i: colmap_io.Camera(i, cam.model, cam.width, cam.height, cam.params) for i in model.images}
+    for i, im in model.images.items():
+        im.camera_id = i
+    colmap_io.write_model_bin(model, root / "sparse" / "0")
+    cfg = dict(data_factor=2, seed=1)
+    full = load_scene(Config(data_dir=str(root), **cfg))
+    own = owned_by_node(full, 4, 2, seed=1)[1].tolist()
+    node = tmp_path / "node1"
+    (node / "images_2").mkdir(parents=True)
+    (node / "sparse").symlink_to(root / "sparse")
+    for f in files_of(full, own):
+        (node / "images_2" / Path(f).name).write_bytes(Path(f).read_bytes())
+    local = load_scene(Config(data_dir=str(node), node_local_data=True, **cfg))
+    _same_scene_cameras(full, local)
+    check_own_images(local, own, "node 1")
