@@ -140,7 +140,7 @@ class Config:
     # --- Several nodes (issue 20): images staged on each node's local disk (train/node_data.py)
     node_local_data: bool = False
     """Each node holds only the images its ranks own (scripts/stage_nodes.py copies them; COLMAP, Blender,
-    nerfstudio, files or tar shards): the scene is read touching one image per camera, and each rank checks at
+    nerfstudio, files or tar shards): the scene is read touching one image per camera size, and each rank checks at
     setup that it has every image it owns, naming the missing ones. Off: every rank checks every image."""
 
     # --- Training from tar shards (issue 20; scripts/pack_shards.py, train/scene_setup.py)
