@@ -22,7 +22,8 @@ from .decode import probe_images
 from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene
-from .sources import FolderSource
+from .shards import TarShardSource
+from .sources import FolderSource, first_present
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,13 @@ def load_blender(
     background: Optional[Sequence[int]] = (255, 255, 255),
     normalize: bool = False,
     check: bool = True,
+    shards: Optional[Union[str, Path]] = None,
 ) -> Scene:
     """Train frames first, then test frames, each in file order. `background=None` drops
-    alpha instead of compositing."""
+    alpha instead of compositing. `check=True` reads every image's header here; `check=False`
+    only the first image present (node-local staging: the caller checks the images a rank
+    owns, train/node_data.py). `shards`: an index.json of tar shards (shards.py) holding the
+    frames by their file_path (e.g. `train/r_0.png`), read instead of the files."""
     data_dir = Path(data_dir)
     train_file, test_file = data_dir / "transforms_train.json", data_dir / "transforms_test.json"
     if not train_file.exists():
@@ -97,9 +102,13 @@ def load_blender(
     else:
         log.warning("%s does not exist: no test split", test_file)
 
-    source = FolderSource([data_dir / n for n in names], names)
-    source.check_exist()
-    sizes = probe_images(source, range(len(names)) if check else [0])
+    if shards is not None:
+        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
+    else:
+        source = FolderSource([data_dir / n for n in names], names)
+        if check:
+            source.check_exist()
+    sizes = probe_images(source, range(len(names)) if check else [first_present(source, data_dir)])
     if len(set(sizes)) > 1:
         bad = next(i for i, s in enumerate(sizes) if s != sizes[0])
         raise DataError(f"{source.where(bad)}: image is {sizes[bad][0]}x{sizes[bad][1]}, the others {sizes[0][0]}x{sizes[0][1]} "

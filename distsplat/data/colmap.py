@@ -26,6 +26,7 @@ from .heap import TRIM_FROM, trim_heap
 from .names import NameList, TrackTable
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
+from .shards import TarShardSource
 from .sources import FolderSource, JoinedPaths
 from .undistort import SUPPORTED, split_params, undistort_cameras
 
@@ -63,11 +64,14 @@ def load_colmap(
     normalize: bool = False,
     test_every: int = 8,
     check: bool = True,
+    shards: Optional[Union[str, Path]] = None,
 ) -> Scene:
     """Parses a COLMAP capture. `check=True` reads every image's header (size, truncation)
     here, so bad images fail now on every rank rather than mid-training on one; `check=False`
     touches only one image per COLMAP camera (node-local staging: the caller checks the
-    images a rank owns, train/node_data.py)."""
+    images a rank owns, train/node_data.py). `shards`: an index.json of tar shards
+    (shards.py) holding the images by their model names, read instead of images*/; images
+    stored at their camera's full size are downscaled on load when factor > 1."""
     data_dir = Path(data_dir)
     if factor < 1:
         raise ValueError(f"factor must be >= 1, got {factor}")
@@ -96,35 +100,48 @@ def load_colmap(
     # images_N/ when it exists, else images/ downscaled on load.
     full_dir = data_dir / "images"
     image_dir = data_dir / f"images_{factor}" if factor > 1 else full_dir
-    on_the_fly = factor > 1 and not image_dir.is_dir()
-    if on_the_fly:
-        log.warning("%s does not exist: downscaling %s by %d while loading (JPEG draft mode); "
-                    "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, factor)
-        image_dir = full_dir
-    if not image_dir.is_dir():
-        raise DataError(_no_image_folder(data_dir, factor))
-    source = _folder_source(str(image_dir), names)
-    if check:
-        source.check_exist()
+    if shards is not None:
+        # check=False: other nodes' images may be absent from a node's staged shards
+        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
+        on_the_fly, image_dir = False, Path(shards)  # on_the_fly: decided by the stored sizes below
+    else:
+        on_the_fly = factor > 1 and not image_dir.is_dir()
+        if on_the_fly:
+            log.warning("%s does not exist: downscaling %s by %d while loading (JPEG draft mode); "
+                        "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, factor)
+            image_dir = full_dir
+        if not image_dir.is_dir():
+            raise DataError(_no_image_folder(data_dir, factor))
+        source = _folder_source(str(image_dir), names)
+        if check:
+            source.check_exist()
 
-    # Sizes: every image's header when checking, else the first image of each camera (gsplat)
-    # found here: with images staged per node (check=False) a node holds only its own.
+    # Sizes: every image's header when checking, else the first image found here of each
+    # camera size (gsplat reads one image): with images staged per node (check=False) a node
+    # holds only its own, and a capture with one COLMAP camera per image has a camera per
+    # image; images of cameras of one size are stored at one size (the owner's check_images
+    # verifies its own at setup).
     cam_wh = np.array([(cameras[c].width, cameras[c].height) for c in cam_list], dtype=np.int64)  # [K, 2]
     if check:
         stored = np.array(probe_images(source, range(C)), dtype=np.int64).reshape(-1, 2)  # [C, 2]
         check_sizes(names, stored.tolist(), cam_wh[cam_pos].tolist(), (source.where(i) for i in range(C)))
     else:
-        first = np.full((len(cam_list), 2), -1, dtype=np.int64)  # [K, 2]
-        for k in np.unique(cam_pos).tolist():
-            for i in np.flatnonzero(cam_pos == k).tolist():
-                if os.path.isfile(source.paths[i]):
-                    first[k] = probe_images(source, [i])[0]
-                    check_sizes([names[i]], [tuple(first[k])], [tuple(cam_wh[k])], [source.where(i)])
+        sizes_wh, size_of_cam = np.unique(cam_wh, axis=0, return_inverse=True)  # [S, 2], [K]
+        size_of_image = size_of_cam.reshape(-1)[cam_pos]  # [C]
+        first = np.full((len(sizes_wh), 2), -1, dtype=np.int64)  # [S, 2]
+        for g in np.unique(size_of_image).tolist():
+            for i in np.flatnonzero(size_of_image == g).tolist():
+                if source.has(i):
+                    first[g] = probe_images(source, [i])[0]
+                    check_sizes([names[i]], [tuple(first[g])], [tuple(sizes_wh[g])], [source.where(i)])
                     break
             else:
-                raise DataError(f"{image_dir}: no image of COLMAP camera {cam_list[k]} is present here, so its image "
-                                "size is unknown; stage at least one of its images on this node")
-        stored = first[cam_pos]  # [C, 2]
+                w, h = sizes_wh[g].tolist()
+                raise DataError(f"{image_dir}: no image of the {w}x{h} COLMAP cameras is present here, so their "
+                                "stored size is unknown; stage at least one of their images on this node")
+        stored = first[size_of_image]  # [C, 2]
+    if shards is not None and factor > 1 and (stored == cam_wh[cam_pos]).all():
+        on_the_fly = True  # shards of images/ (the full size) with --data_factor N: downscaled on load
     # One K, size and undistortion plan per (COLMAP camera, stored size) group, not per image:
     # a capture of a million images usually has one group, held as broadcast views.
     groups, inverse = np.unique(np.concatenate([cam_pos[:, None], stored], 1), axis=0, return_inverse=True)

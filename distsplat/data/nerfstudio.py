@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -34,7 +34,8 @@ from .decode import check_sizes, downscaled_size, probe_images
 from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
-from .sources import FolderSource
+from .shards import TarShardSource
+from .sources import FolderSource, first_present
 from .undistort import undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,14 @@ def load_nerfstudio(
     normalize: bool = False,
     test_every: int = 8,
     check: bool = True,
+    shards: Optional[Union[str, Path]] = None,
 ) -> Scene:
     """Parses `data_dir/transforms.json` (module docstring). `check=True` reads every
-    image's header here, so bad images fail now on every rank."""
+    image's header here, so bad images fail now on every rank; `check=False` one image per
+    camera (node-local staging: the caller checks the images a rank owns,
+    train/node_data.py). `shards`: an index.json of tar shards (shards.py) holding the
+    frames by their file_path (e.g. `images/frame_00001.png`), read instead of the files;
+    images stored at their camera's full size are downscaled on load when factor > 1."""
     data_dir = Path(data_dir)
     path = data_dir / "transforms.json"
     if factor < 1:
@@ -169,22 +175,36 @@ def load_nerfstudio(
             ids[key] = len(ids) + 1
         cams.append(Camera(ids[key], model, w, h, params))
 
-    full_dir = data_dir / "images"
     scaled_dir = data_dir / f"images_{factor}"
-    on_the_fly = factor > 1 and not scaled_dir.is_dir()
-    if factor > 1 and not on_the_fly:
-        paths = [scaled_dir / _match_name(scaled_dir, Path(n).name) for n in names]  # nerfstudio: images_N/<file name>
+    if shards is not None:
+        # check=False: other nodes' images may be absent from a node's staged shards
+        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
+        on_the_fly, image_dir = False, Path(shards)  # on_the_fly: decided by the stored sizes below
     else:
-        if on_the_fly:
-            log.warning("%s does not exist: downscaling the frames' images by %d while loading (JPEG draft mode); "
-                        "ns-process-data's images_%d/ loads faster", scaled_dir, factor, factor)
-        paths = [data_dir / n for n in names]
-    source = FolderSource(paths, names)
-    source.check_exist()
-    stored = probe_images(source, range(len(names)) if check else [0])
-    if not check:
-        stored = stored * len(names)
+        on_the_fly = factor > 1 and not scaled_dir.is_dir()
+        if factor > 1 and not on_the_fly:
+            paths = [scaled_dir / _match_name(scaled_dir, Path(n).name) for n in names]  # nerfstudio: images_N/<file name>
+        else:
+            if on_the_fly:
+                log.warning("%s does not exist: downscaling the frames' images by %d while loading (JPEG draft mode); "
+                            "ns-process-data's images_%d/ loads faster", scaled_dir, factor, factor)
+            paths = [data_dir / n for n in names]
+        source = FolderSource(paths, names)
+        image_dir = paths[0].parent
+        if check:
+            source.check_exist()
+    if check:
+        stored = probe_images(source, range(len(names)))
+    else:  # one image per camera size (a node-local stage holds only its ranks' images; see load_colmap)
+        of_size: Dict[Tuple[int, int], List[int]] = {}
+        for i, c in enumerate(cams):
+            of_size.setdefault((c.width, c.height), []).append(i)
+        first = {wh: probe_images(source, [first_present(source, f"{path} frames of size {wh[0]}x{wh[1]}", idx)])[0]
+                 for wh, idx in of_size.items()}
+        stored = [first[(c.width, c.height)] for c in cams]
     check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
+    if shards is not None and factor > 1 and all(tuple(s) == (c.width, c.height) for s, c in zip(stored, cams)):
+        on_the_fly = True  # shards of the full-size images with --data_factor N: downscaled on load
     loaded = [downscaled_size(w, h, factor) for w, h in stored] if on_the_fly else stored
 
     sizes = np.array(loaded, dtype=np.int64)  # [C, 2] (w, h)
@@ -202,7 +222,7 @@ def load_nerfstudio(
     if normalize:
         c2w, points, transform = normalize_world(c2w, points)
     log.info("nerfstudio %s: %d frames, %d cameras, %d points, %d train / %d test, images from %s%s", data_dir,
-             len(names), len(ids), len(points), len(train), len(test), paths[0].parent,
+             len(names), len(ids), len(points), len(train), len(test), image_dir,
              f" downscaled by {factor} on load" if on_the_fly else "")
     return Scene(
         names=names, camtoworlds=c2w, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1], points=points,

@@ -34,6 +34,7 @@ INDEX_FORMAT = "distsplat-shards/2"
 # Python objects; format 2 keeps the names (sorted, one a line) and a [C, 3] int64 table
 # beside a small index.json, loaded as arrays.
 NAMES_FILE, TABLE_FILE = "index-names.txt", "index-table.npy"
+ABSENT = -1  # shard of an image the index lacks (TarShardSource(missing_ok=True))
 
 
 def _list_files(folder: Path) -> List[str]:
@@ -245,7 +246,7 @@ class TarShardSource(ImageSource):
     shard), so a bad index fails while loading, before any collective."""
 
     def __init__(self, index_path: Union[str, Path], names: Optional[Sequence[str]] = None, max_open: int = 8,
-                 check_shards: bool = True):
+                 check_shards: bool = True, missing_ok: bool = False):
         self.index_path = Path(index_path)
         self.shard_paths, sizes, indexed, table = _read_index(self.index_path)
         if names is None:
@@ -260,14 +261,22 @@ class TarShardSource(ImageSource):
             wanted = encoded(self.names)  # [C]
             rows = np.minimum(np.searchsorted(indexed, wanted), max(len(indexed) - 1, 0))
             absent = np.flatnonzero(indexed[rows] != wanted) if len(indexed) else np.arange(len(wanted))
-            if len(absent):
+            if len(absent) and not missing_ok:
                 raise DataError(f"{self.index_path}: image {self.names[absent[0]]!r} is not in the shard index "
-                                f"({len(indexed)} images indexed)")
-        where = np.asarray(table[rows], dtype=np.int64)  # [C, 3] (shard, offset, length) per camera
-        if len(where) and not (0 <= where[:, 0].min() and where[:, 0].max() < len(self.shard_paths)):
-            i = int(np.flatnonzero((where[:, 0] < 0) | (where[:, 0] >= len(self.shard_paths)))[0])
+                                f"({len(indexed)} images indexed); re-pack the images of the scene's model "
+                                "(scripts/pack_shards.py)")
+        where = np.asarray(table[rows], dtype=np.int64) if len(indexed) else np.zeros((len(rows), 3), np.int64)  # [C, 3]
+        present = np.ones(len(where), dtype=bool)  # [C]
+        if names is not None:
+            # missing_ok (shards staged per node, train/node_data.py): other nodes' images are
+            # absent here; shard -1 marks them (after the table's own values are checked), and
+            # reading one raises DataError naming it.
+            present[absent] = False
+        if present.any() and not (0 <= where[present, 0].min() and where[present, 0].max() < len(self.shard_paths)):
+            i = int(np.flatnonzero(present & ((where[:, 0] < 0) | (where[:, 0] >= len(self.shard_paths))))[0])
             raise DataError(f"{self.index_path}: image {self.names[i]!r} names shard {where[i, 0]}, the index "
                             f"lists {len(self.shard_paths)}")
+        where[~present] = (ABSENT, 0, 0)
         # The narrowest integer types that hold the values (10 bytes per camera, not 24, at a
         # million images); arithmetic on them is done in int64 (_wide).
         self._shard = where[:, 0].astype(np.int16 if len(self.shard_paths) <= np.iinfo(np.int16).max else np.int32)  # [C]
@@ -278,7 +287,9 @@ class TarShardSource(ImageSource):
         # that holds only the shards of its own images: train/node_data.py).
         # length > size - offset, not offset + length > size: the sum of two huge values wraps
         offset, length = where[:, 1], where[:, 2]  # [C] int64
-        bad = np.flatnonzero((offset < 0) | (length < 0) | (length > sizes[self._shard] - np.maximum(offset, 0)))
+        room = np.zeros(len(where), dtype=np.int64)  # [C] bytes of its shard (0 for an absent image)
+        room[present] = sizes[self._shard[present]]
+        bad = np.flatnonzero((offset < 0) | (length < 0) | (length > room - np.maximum(offset, 0)))
         if len(bad):
             i, s = bad[0], self._shard[bad[0]]
             raise DataError(f"{self.index_path}: image {self.names[i]!r} at offset {offset[i]} length "
@@ -287,7 +298,8 @@ class TarShardSource(ImageSource):
         del where, offset, length
         if check_shards:  # a few hundred stats at most (256 MB shards), whatever C is
             for s in np.unique(self._shard).tolist():
-                self._check_shard(s)
+                if s != ABSENT:
+                    self._check_shard(s)
         self._fds = _FdLRU(max_open)
         if len(self.names) >= TRIM_FROM:
             trim_heap()  # the index's [C] temporaries (~85 MB resident at a million images without it)
@@ -316,23 +328,41 @@ class TarShardSource(ImageSource):
             raise DataError(f"{path}: short read of {self.names[index]!r} ({len(data)} of {length} bytes at offset {offset})")
         return data
 
+    def _present(self, index: int) -> None:
+        if self._shard[index] == ABSENT:
+            raise DataError(f"image {self.names[index]!r} is not in the shard index {self.index_path} (shards staged "
+                            "for another node?); stage this node's images with scripts/stage_nodes.py")
+
     def read(self, index: int) -> bytes:
+        self._present(index)
         return self._pread(index, int(self._length[index]), int(self._offset[index]))
+
+    def has(self, index: int) -> bool:
+        s = int(self._shard[index])
+        return s != ABSENT and os.path.isfile(self.shard_paths[s])
+
+    def absent(self, indices: Sequence[int]) -> List[int]:
+        """Those of `indices` whose images are not in the index (missing_ok sources only)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return idx[self._shard[idx] == ABSENT].tolist()
 
     def encoded_size(self, index: int) -> int:
         return int(self._length[index])
 
     def shard_of(self, index: int) -> int:
-        """Index into `shard_paths` of the shard holding camera `index`."""
+        """Index into `shard_paths` of the shard holding camera `index` (-1: not in the index)."""
         return int(self._shard[index])
 
     def peek(self, index: int, head: int) -> Tuple[bytes, bytes]:
+        self._present(index)
         off, length = int(self._offset[index]), int(self._length[index])
         first = self._pread(index, min(head, length), off)
         tail_len = min(16, length)
         return first, self._pread(index, tail_len, off + length - tail_len)
 
     def where(self, index: int) -> str:
+        if self._shard[index] == ABSENT:
+            return f"{self.names[index]} (not in {self.index_path})"
         return f"{self.names[index]} in {self.shard_paths[self._shard[index]]} at offset {self._offset[index]}"
 
     def __getstate__(self):  # descriptors and locks stay in their process

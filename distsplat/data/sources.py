@@ -50,6 +50,11 @@ class ImageSource(ABC):
         """What an error message names: a path, or a shard and offset."""
         return self.names[index]
 
+    def has(self, index: int) -> bool:
+        """Whether camera `index`'s image is stored here (a node holding only its own
+        images, train/node_data.py, lacks the others); a cheap look, not a read."""
+        return True
+
     def close(self) -> None:
         pass
 
@@ -71,6 +76,17 @@ class JoinedPaths(Sequence):
             raise IndexError(i)
         i = int(i) % len(self)
         return os.path.join(self.folder, self.renamed.get(i) or self.names[i])
+
+
+def first_present(source: ImageSource, where: object, indices: Optional[Sequence[int]] = None) -> int:
+    """The first of `indices` (default: every camera) whose image is stored here, for a
+    loader that reads one image's size (a node holding only its own images); DataError
+    naming `where` when there is none."""
+    for i in range(len(source)) if indices is None else indices:
+        if source.has(i):
+            return int(i)
+    raise DataError(f"{where}: none of these images is present here, so their stored size is unknown; "
+                    "stage at least one of them on this node (scripts/stage_nodes.py) or give the right --data_dir")
 
 
 class FolderSource(ImageSource):
@@ -120,6 +136,9 @@ class FolderSource(ImageSource):
 
     def where(self, index: int) -> str:
         return self.paths[index]
+
+    def has(self, index: int) -> bool:
+        return os.path.isfile(self.paths[index])
 
 
 class ArraySource(ImageSource):

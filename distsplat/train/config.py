@@ -150,9 +150,16 @@ class Config:
 
     # --- Several nodes (issue 20): images staged on each node's local disk (train/node_data.py)
     node_local_data: bool = False
-    """Each node holds only the images its ranks own (scripts/stage_nodes.py copies them): the scene
-    model is read touching one image per COLMAP camera, and each rank checks at setup that it has
-    every image it owns, naming the missing ones. Off: every rank checks every image."""
+    """Each node holds only the images its ranks own (scripts/stage_nodes.py copies them; COLMAP, Blender,
+    nerfstudio, files or tar shards): the scene is read touching one image per camera size, and each rank checks at
+    setup that it has every image it owns, naming the missing ones. Off: every rank checks every image."""
+
+    # --- Training from tar shards (issue 20; scripts/pack_shards.py, train/scene_setup.py)
+    data_shards: Optional[str] = None
+    """index.json of tar shards holding the scene's images (scripts/pack_shards.py; relative to --data_dir when
+    relative), read instead of the image files: COLMAP images by their model names (pack images_N/ or images/),
+    Blender/nerfstudio frames by their file_path (pack --data_dir). Each rank reads only its own images (their
+    headers checked at setup); images at the cameras' full size are downscaled on load when --data_factor > 1."""
 
     disable_viewer: bool = False
     """Do not start the live viewer (viser, on rank 0)."""
@@ -239,6 +246,9 @@ class Config:
         for ok, flag, msg in checks:
             if not ok:
                 raise ValueError(f"{flag} {msg}")
+        if self.data_shards is not None and self.data_dir is None:
+            raise ValueError("--data_shards needs --data_dir: the scene's model (COLMAP sparse/, transforms*.json) "
+                             "is read from there, the images from the shards")
         for flag, on in (("--eval_only", self.eval_only), ("--render_only", self.render_only)):
             if on and self.ckpt is None:
                 raise ValueError(f"{flag} scores or renders a finished run: pass its checkpoint with --ckpt R/ckpts")

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..data import DataError, Scene
-from ..data.decode import probe_images
-from ..data.shards import TarShardSource
+from ..data.decode import check_images
+from ..data.shards import ABSENT, TarShardSource
 from ..data.sources import FolderSource
 from ..distributed import CameraBatcher
 from .evaluate import test_owners
@@ -49,32 +49,46 @@ def owned_by_node(scene: Scene, world_size: int, nproc_per_node: int, seed: int)
 
 
 def files_of(scene: Scene, indices: Sequence[int]) -> List[Path]:
-    """The files holding these images: image files, or the tar shards (each once, in order)."""
+    """The files holding these images: image files, or the tar shards (each once, in order;
+    none for an image the index lacks)."""
     source = scene.images
     if isinstance(source, FolderSource):
         return [source.paths[i] for i in indices]
     if isinstance(source, TarShardSource):
-        shards = sorted({source.shard_of(i) for i in indices})
+        shards = sorted({source.shard_of(i) for i in indices} - {ABSENT})
         return [source.shard_paths[s] for s in shards]
     raise ValueError(f"images of a {type(source).__name__} are not files: nothing to stage")
 
 
 def check_own_images(scene: Scene, own: Sequence[int], where: str) -> None:
-    """DataError unless every image in `own` is present and readable here (its header
-    parses, the JPEG is not cut), naming the missing ones and the node (`where`)."""
+    """DataError unless every image in `own` is present and readable here (in the shard
+    index when the images are in shards, its header parses, the JPEG is not cut, its size is
+    the one the scene expects), naming the missing ones and the node (`where`)."""
     source = scene.images
+    stage = ("Stage them on this node (python scripts/stage_nodes.py ... --node N --copy-to DIR, with this run's "
+             "--seed, world size and --nproc_per_node) or put the data on a shared file system")
+    if isinstance(source, TarShardSource):
+        absent = source.absent(own)
+        if absent:
+            raise DataError(f"{where} lacks {len(absent)} of the {len(own)} images its ranks own: the shard index "
+                            f"{source.index_path} does not hold {listed([repr(scene.names[i]) for i in absent[:LISTED]], len(absent))}. "
+                            f"{stage}; with shards, pass --data_shards the index stage_nodes.py --shards wrote")
     if isinstance(source, (FolderSource, TarShardSource)):
         files = files_of(scene, own)
         missing = [p for p in files if not os.path.isfile(p)]
         if missing:
             what = "image files" if isinstance(source, FolderSource) else "tar shards"
-            listed = ", ".join(str(p) for p in missing[:LISTED])
-            more = f" and {len(missing) - LISTED} more" if len(missing) > LISTED else ""
-            raise DataError(
-                f"{where} lacks {len(missing)} of the {len(files)} {what} its ranks own: {listed}{more}. "
-                "Stage them on this node (python scripts/stage_nodes.py ... --node N --copy-to DIR, with "
-                "this run's --seed, world size and --nproc_per_node) or put the data on a shared file system")
-    probe_images(source, own)  # headers and truncation of exactly what this rank reads
+            raise DataError(f"{where} lacks {len(missing)} of the {len(files)} {what} its ranks own: "
+                            f"{listed([str(p) for p in missing])}. {stage}")
+    check_images(source, scene.specs(), own)  # headers, truncation and sizes of exactly what this rank reads
+
+
+def listed(items: Sequence[str], total: Optional[int] = None) -> str:
+    """The first LISTED items, comma-separated, and how many more of `total` (default:
+    len(items)) there are (for error messages)."""
+    total = len(items) if total is None else total
+    more = f" and {total - LISTED} more" if total > LISTED else ""
+    return ", ".join(items[:LISTED]) + more
 
 
 def node_summary(scene: Scene, per_node: Sequence[np.ndarray]) -> List[Dict[str, object]]:

@@ -1,4 +1,5 @@
-"""From --data_dir to a `Scene` whose images can be read: COLMAP, Blender or nerfstudio folders, or the
+"""From --data_dir (and --data_shards: the images in tar shards) to a `Scene` whose images can be read:
+COLMAP, Blender or nerfstudio folders, or the
 built-in synthetic scene, whose ground-truth images this layer renders (the data layer
 never renders): each rank renders only the images of cameras it owns, when first read."""
 
@@ -6,22 +7,26 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
 from ..data import DataError, Scene, load_blender, load_colmap, load_nerfstudio, make_synthetic_scene
+from ..data.shards import TarShardSource
 from ..data.synthetic import attach_images
 from ..data.tabletop import make_tabletop_scene
 from ..render import rasterize
 from .config import Config
+from .node_data import LISTED, listed
 
 log = logging.getLogger(__name__)
 
 
 def load_scene(cfg: Config) -> Scene:
-    """The scene of cfg.data_dir, or the synthetic scene when it is None. Raises DataError
-    (a ValueError) naming the folder when it is not a scene."""
+    """The scene of cfg.data_dir (its images from --data_shards when given), or the synthetic
+    scene when it is None. Raises DataError (a ValueError) naming the folder when it is not a
+    scene."""
     if cfg.data_dir is None:
         s = cfg.synthetic
         if s.kind == "tabletop":
@@ -33,17 +38,67 @@ def load_scene(cfg: Config) -> Scene:
                 height=s.height, test_every=cfg.test_every, seed=s.seed,
             )
         return attach_images(scene, lambda i: render_ground_truth(scene, i))
-    root = Path(cfg.data_dir)
+    shards = shard_index(cfg.data_dir, cfg.data_shards)
+    scene = load_scene_dir(cfg.data_dir, cfg.data_factor, cfg.normalize_world_space, cfg.test_every,
+                           check=not checks_own_images(cfg), shards=shards)
+    if shards is not None and not cfg.node_local_data:
+        check_all_indexed(scene)  # shared shards hold every image; node-local ones only the node's
+    return scene
+
+
+def checks_own_images(cfg: Config) -> bool:
+    """Whether each rank checks only the images it owns, at setup (train/node_data.py), instead
+    of the loader checking every image on every rank: images staged per node (a node lacks the
+    others), or tar shards (each rank reads only its own images from them)."""
+    return cfg.data_dir is not None and (cfg.node_local_data or cfg.data_shards is not None)
+
+
+def shard_index(data_dir: Union[str, Path], data_shards: Optional[str]) -> Optional[Path]:
+    """--data_shards as a path (relative to --data_dir when relative; a folder means its
+    index.json); DataError naming the flag when there is no index there."""
+    if data_shards is None:
+        return None
+    path = Path(data_shards)
+    if not path.is_absolute():
+        path = Path(data_dir) / path
+    if path.is_dir():
+        path = path / "index.json"
+    if not path.is_file():
+        raise DataError(f"--data_shards {data_shards}: no shard index at {path} (a relative path is taken under "
+                        f"--data_dir {data_dir}); pack the images with python scripts/pack_shards.py IMAGES OUT "
+                        "and pass OUT/index.json, or stage a node's with scripts/stage_nodes.py --shards")
+    return path
+
+
+def check_all_indexed(scene: Scene) -> None:
+    """DataError naming the scene's images that its shard index lacks (a cheap lookup of
+    every name, no read)."""
+    src = scene.images
+    absent = src.absent(range(scene.num_cameras)) if isinstance(src, TarShardSource) else []
+    if absent:
+        names = [repr(scene.names[i]) for i in absent[:LISTED]]
+        raise DataError(f"--data_shards {src.index_path}: {len(absent)} of the scene's {scene.num_cameras} images "
+                        f"are not in the shards: {listed(names, len(absent))}. Pack the images the model names (COLMAP: the folder "
+                        "images_N/ or images/; Blender/nerfstudio: --data_dir, names as the frames' file_path) with "
+                        "scripts/pack_shards.py")
+
+
+def load_scene_dir(data_dir: Union[str, Path], factor: int = 1, normalize: bool = False, test_every: int = 8,
+                   check: bool = True, shards: Optional[Path] = None) -> Scene:
+    """The COLMAP, Blender or nerfstudio scene in `data_dir`, by the files it holds (the
+    trainer's and scripts/stage_nodes.py's one way to read a scene). `check=False`: the
+    loader reads one image per camera, the caller checks each rank's own (node_data.py)."""
+    root = Path(data_dir)
     if not root.is_dir():
         raise DataError(f"--data_dir {root} does not exist or is not a folder")
     if (root / "transforms_train.json").is_file():
-        return load_blender(root, normalize=cfg.normalize_world_space)
+        return load_blender(root, normalize=normalize, check=check, shards=shards)
     if (root / "sparse").is_dir():
-        return load_colmap(root, factor=cfg.data_factor, normalize=cfg.normalize_world_space,
-                           test_every=cfg.test_every, check=not cfg.node_local_data)  # node_data.py checks own images
+        return load_colmap(root, factor=factor, normalize=normalize, test_every=test_every, check=check,
+                           shards=shards)
     if (root / "transforms.json").is_file():
-        return load_nerfstudio(root, factor=cfg.data_factor, normalize=cfg.normalize_world_space,
-                               test_every=cfg.test_every)
+        return load_nerfstudio(root, factor=factor, normalize=normalize, test_every=test_every, check=check,
+                               shards=shards)
     raise DataError(
         f"--data_dir {root} is not a scene: expected a COLMAP capture (images/ and sparse/0/), "
         "a Blender/NeRF-synthetic folder (transforms_train.json) or a nerfstudio capture "

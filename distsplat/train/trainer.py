@@ -56,7 +56,7 @@ from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
 from ..data.heap import TRIM_FROM, trim_heap
-from .scene_setup import load_scene, scene_scale
+from .scene_setup import checks_own_images, load_scene, scene_scale
 from .size_groups import group_cameras, group_images, merge_meta, size_groups
 from .node_data import check_own_images
 from ..distributed.nodes import node_name
@@ -112,7 +112,7 @@ class Trainer:
                                  self.device)  # None without --app_opt; embeddings of own images only
         t0, t1 = test_owners(len(self.test_idx), W)[r]
         own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])
-        if cfg.node_local_data:  # images staged per node: this rank must have all it owns (node_data.py)
+        if checks_own_images(cfg):  # staged per node, or shards: this rank must have all it owns (node_data.py)
             check_own_images(scene, own.tolist(), f"{node_name()}, rank {r},")
         budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
         self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,

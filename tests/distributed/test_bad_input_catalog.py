@@ -415,6 +415,36 @@ def data_dir_not_a_scene(b: Bench):
     return ["--data_dir", str(b.tmp / "photos")]
 
 
+# --- tar shards (--data_shards, issue 20)
+def shards_of(b: Bench, scene: Path, cut_image: bool = False, drop: str = "") -> List[str]:
+    """The scene's images packed into scene/shards (BROKEN cut, or `drop` left out)."""
+    from distsplat.data import pack_shards
+
+    folder = b.tmp / "to_pack"
+    shutil.copytree(scene / "images", folder)
+    if cut_image:
+        cut(folder / BROKEN)
+    if drop:
+        (folder / drop).unlink()
+    pack_shards(folder, scene / "shards", shard_size_mb=0.01)
+    return colmap_args(scene, "--data_shards", "shards/index.json")
+
+
+@case("--data_shards shards/index.json: no shard index at")
+def data_shards_missing(b: Bench):
+    return colmap_args(b.colmap(), "--data_shards", "shards/index.json")
+
+
+@case(f"1 of the scene's 12 images are not in the shards: '{BROKEN}'")
+def data_shards_lack_an_image(b: Bench):
+    return shards_of(b, b.colmap(), drop=BROKEN)
+
+
+@case(f"{BROKEN} in ")  # found at setup by the one rank that owns it: "NAME in SHARD at offset O: truncated JPEG"
+def data_shards_truncated_jpeg(b: Bench):
+    return shards_of(b, b.colmap(), cut_image=True)
+
+
 # --- checkpoints
 @case("was written for another scene")
 def ckpt_of_another_scene(b: Bench):
