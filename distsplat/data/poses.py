@@ -143,6 +143,8 @@ class Viewmats:
         import torch
 
         if self.dense is not None:
+            if self.dense.is_cuda and isinstance(key, torch.Tensor) and not key.is_cuda:  # no host stall
+                key = key.pin_memory().to(self.dense.device, non_blocking=True)
             return self.dense[key]
         inv = np.linalg.inv(np.asarray(self.camtoworlds[_np_index(key)], dtype=np.float64))  # [..., 4, 4]
         out = torch.from_numpy(inv.astype(np.float32))  # round to nearest, as torch's cast
