@@ -20,7 +20,7 @@ $WS, with W rank processes at once (as torchrun would start them on one node):
 Environment: N (images), SMALL (1000), WS ("2,4"), STEPS (40), CACHE (decoded up to 200k
 images, else compressed: the decoded 1M capture is 9.2 GB), WORK (a folder on /work),
 KEEP=1 keeps the generated data (a rerun reuses it and its generation/packing figures),
-DATA_ONLY=1 (with KEEP=1) only generates and packs, REPEAT (2) training runs per capture. Writes benchmarks/results/million_<N>.json.
+DATA_ONLY=1 (with KEEP=1) only generates and packs, MEASURE=0 skips the per-rank measures, REPEAT (2) training runs per capture. Writes benchmarks/results/million_<N>.json.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def main() -> None:
         encoded = sum(p.stat().st_size for p in (big / "shards").glob("shard-*.tar"))  # upper bound of the blobs
         encoded = result.get("generate_big", {}).get("bytes", encoded)
         result["ranks"] = []
-        for W in ws:
+        for W in ws if os.environ.get("MEASURE", "1") == "1" else []:  # MEASURE=0: training only
             result["ranks"].append(measure_ranks(big, W, cache_mode, n, encoded))
             print(json.dumps(result["ranks"][-1]), flush=True)
         result["training"] = []
