@@ -19,7 +19,8 @@ $WS, with W rank processes at once (as torchrun would start them on one node):
 
 Environment: N (images), SMALL (1000), WS ("2,4"), STEPS (40), CACHE (decoded up to 200k
 images, else compressed: the decoded 1M capture is 9.2 GB), WORK (a folder on /work),
-KEEP=1 keeps the generated data, REPEAT (2) training runs per capture. Writes benchmarks/results/million_<N>.json.
+KEEP=1 keeps the generated data (a rerun reuses it and its generation/packing figures),
+DATA_ONLY=1 (with KEEP=1) only generates and packs, MEASURE=0 skips the per-rank measures, REPEAT (2) training runs per capture. Writes benchmarks/results/million_<N>.json.
 """
 
 from __future__ import annotations
@@ -250,14 +251,24 @@ def main() -> None:
     try:
         big, little = work / "big", work / "small"
         for root, count in ((big, n), (little, small)):
+            stats = root / "data_stats.json"  # kept with the data: a KEEP=1 rerun still reports them
             if not (root / "shards" / "index.json").exists():
-                result[f"generate_{root.name}"] = generate(root, count)
-                result[f"pack_{root.name}"] = pack(root)
+                made = {"generate": generate(root, count), "pack": pack(root),
+                        "commit": result["commit"], "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "load": os.getloadavg()}
+                stats.write_text(json.dumps(made))
+            made = json.loads(stats.read_text()) if stats.exists() else {}
+            if made:
+                result[f"generate_{root.name}"] = dict(made["generate"], commit=made["commit"], date=made["date"],
+                                                       load=made["load"])
+                result[f"pack_{root.name}"] = made["pack"]
                 print(root.name, result[f"generate_{root.name}"], result[f"pack_{root.name}"], flush=True)
+        if os.environ.get("DATA_ONLY") == "1":
+            return
         encoded = sum(p.stat().st_size for p in (big / "shards").glob("shard-*.tar"))  # upper bound of the blobs
         encoded = result.get("generate_big", {}).get("bytes", encoded)
         result["ranks"] = []
-        for W in ws:
+        for W in ws if os.environ.get("MEASURE", "1") == "1" else []:  # MEASURE=0: training only
             result["ranks"].append(measure_ranks(big, W, cache_mode, n, encoded))
             print(json.dumps(result["ranks"][-1]), flush=True)
         result["training"] = []
@@ -275,9 +286,10 @@ def main() -> None:
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
-        out = REPO / "benchmarks" / "results" / f"million_{n}.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"bench_million N={n}: -> {out}")
+        if os.environ.get("DATA_ONLY") != "1":
+            out = REPO / "benchmarks" / "results" / f"million_{n}.json"
+            out.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"bench_million N={n}: -> {out}")
 
 
 if __name__ == "__main__":

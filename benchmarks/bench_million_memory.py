@@ -7,7 +7,7 @@ COLMAP camera) and a shard index of N images whose shards are sparse files (no d
 their bytes read as zeros). Then, for each rank r of W, in a process of its own (one at a
 time: the figures are per rank, not a contention test), the trainer's setup stages with
 the resident memory (RSS) each adds: load_colmap(check=False), TarShardSource,
-check_single_size, Scene.camera_tensors (the trainer's viewmats and Ks), ownership
+Scene.camera_tensors (the trainer's viewmats and Ks) and scene_scale, ownership
 (node_data.owned_by_rank), the trainer's CameraBatcher, ImageCache(compressed) and its
 fill with the rank's blobs (source reads, not decoded: they are zeros). besides_cache_mb =
 RSS at the end - RSS before parsing - the blobs' bytes, as in bench_million.py.
@@ -80,7 +80,7 @@ def rank_worker(args) -> dict:
     from distsplat.data.heap import trim_heap
     from distsplat.distributed import CameraBatcher
     from distsplat.train.node_data import owned_by_rank
-    from distsplat.train.scene_setup import check_single_size, scene_scale
+    from distsplat.train.scene_setup import scene_scale
 
     gc.collect()
     base = bm.rss_mb()
@@ -99,7 +99,6 @@ def rank_worker(args) -> dict:
     scene.images = source
     stage("TarShardSource", t)
     t = time.perf_counter()
-    check_single_size(scene)
     cams = scene.camera_tensors()
     scene_scale(scene)
     stage("camera_tensors", t)
@@ -125,8 +124,9 @@ def rank_worker(args) -> dict:
     t = time.perf_counter()
     for s in range(steps):
         b = batcher.batch(0, s % batcher.steps_per_epoch)
-        mine = train_idx[b.cameras[b.own(rank)]].tolist()
-        cams["viewmats"][b.cameras], cams["Ks"][b.cameras]
+        scene_cams = train_idx[b.cameras]
+        mine = scene_cams[b.own(rank)].tolist()
+        cams["viewmats"][scene_cams], cams["Ks"][scene_cams]  # the batch's poses: inverted here (Viewmats)
         for c in mine:
             cache.slot(c)
     out["step_host_us"] = (time.perf_counter() - t) / steps * 1e6
@@ -139,8 +139,11 @@ def rank_worker(args) -> dict:
                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                besides_cache_mb=bm.rss_mb() - base - cache.nbytes() / 2**20,
                python_objects=len(gc.get_objects()),
-               camera_tensor_mb={k: v.element_size() * v.untyped_storage().nbytes() / v.element_size() / 2**20
-                                 for k, v in cams.items()})
+               # what the camera tensors hold of their own: viewmats (data/poses.Viewmats) none,
+               # each batch's computed from the scene's poses; Ks/sizes shared by every camera ~0
+               camera_tensor_mb={k: (v.untyped_storage().nbytes() if isinstance(v, torch.Tensor) else v.held_nbytes())
+                                 / 2**20 for k, v in cams.items()},
+               scene_poses_mb=scene.camtoworlds.nbytes / 2**20, scene_poses=type(scene.camtoworlds).__name__)
     # What of besides_cache_mb is free heap the allocator keeps (a diagnostic: the trainer does
     # not trim after setup; load_colmap does after its parse)
     import ctypes

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .decode import ImageSpec
 from .names import NameList
+from .poses import CameraPoses, Viewmats, compact_poses
 from .sources import ImageSource
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class Scene:
     names: Sequence[str]  # [C_all] image names, sorted as gsplat sorts them (by name); a list or a NameList
-    camtoworlds: np.ndarray  # [C_all, 4, 4] float64, OpenCV axes
+    # [C_all, 4, 4] float64, OpenCV axes: stored as CameraPoses ([C_all, 3, 4], poses.py) when
+    # every bottom row is [0, 0, 0, 1], which reads back as the same array, bit for bit
+    camtoworlds: Union[np.ndarray, CameraPoses]
     Ks: np.ndarray  # [C_all, 3, 3] float64, at the loaded image size
     widths: np.ndarray  # [C_all] int64, loaded image width
     heights: np.ndarray  # [C_all] int64, loaded image height
@@ -59,6 +62,7 @@ class Scene:
             raise ValueError(f"Scene.undistort has {len(self.undistort)} entries for {C} cameras")
         if self.names.has_duplicates() if isinstance(self.names, NameList) else len(set(self.names)) != C:
             raise ValueError("Scene.names has duplicates")
+        self.camtoworlds = compact_poses(self.camtoworlds)  # one copy of the poses per rank (issue 20)
 
     @property
     def num_cameras(self) -> int:
@@ -70,12 +74,14 @@ class Scene:
         return np.linalg.inv(self.camtoworlds)
 
     def camera_tensors(self, dtype=None, device=None) -> Dict[str, object]:
-        """Torch-ready cameras: viewmats [C_all, 4, 4], Ks [C_all, 3, 3], widths/heights [C_all]."""
+        """Torch-ready cameras: viewmats [C_all, 4, 4] (a poses.Viewmats: each batch's computed
+        from camtoworlds when indexed, not a second copy of every pose), Ks [C_all, 3, 3],
+        widths/heights [C_all]."""
         import torch
 
         dtype = dtype or torch.float32
         return {
-            "viewmats": torch.as_tensor(self.viewmats, dtype=dtype, device=device),
+            "viewmats": Viewmats(self.camtoworlds, dtype, device),
             "Ks": _tensor(self.Ks, dtype, device),
             "widths": _tensor(self.widths, torch.int64, device),
             "heights": _tensor(self.heights, torch.int64, device),

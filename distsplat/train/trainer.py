@@ -308,7 +308,7 @@ class Trainer:
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
-        viewmats, Ks = self.viewmats[cams], self.Ks[cams]  # [C, 4, 4], [C, 3, 3]
+        viewmats, Ks = self.viewmats[scene_cams], self.Ks[cams]  # [C, 4, 4] (host index: data/poses.py), [C, 3, 3]
         if self.pose is not None:  # the learned corrections, identical on every rank
             viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
         owner = to_device(batch.camera_owner, self.device)
@@ -441,7 +441,7 @@ class Trainer:
 
         names = [self.scene.names[i] for i in self.test_idx.tolist()]
         stats, per_image = evaluate(
-            lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[test], self.Ks[test],
+            lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[self.test_idx], self.Ks[test],
             self.widths[self.test_idx.numpy()], self.heights[self.test_idx.numpy()], read, names, ctx,
             self.cfg.sh_degree, self._render_kwargs(sh=self.cfg.sh_degree),
             self.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,

@@ -119,7 +119,7 @@ class LiveViewer:
         if main:
             self.pacer.observe_steps(t0, step)
             if not self._view_set and getattr(trainer, "viewmats", None) is not None:
-                c2w = torch.linalg.inv(trainer.viewmats.detach().double().cpu()).numpy()
+                c2w = torch.linalg.inv(trainer.viewmats[:].detach().double().cpu()).numpy()  # [:]: a Viewmats too
                 self.server.set_initial_view(*initial_view(c2w))
                 self._view_set = True
         model = trainer_model(trainer, step)
