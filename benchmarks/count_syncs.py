@@ -95,7 +95,7 @@ def main() -> None:
 
         g = {k: v.detach().requires_grad_() for k, v in activated(trainer.params, cfg.sh_degree).items()}
         cams = trainer.train_idx[:1].to(trainer.device)
-        viewmats, Ks = trainer.viewmats[cams], trainer.Ks[cams]
+        viewmats, Ks = trainer.viewmats[trainer.train_idx[:1]], trainer.Ks[cams]  # Viewmats: a host index
         W, H = trainer.width, trainer.height
         owner = torch.zeros(1, dtype=torch.int64, device=trainer.device)
 

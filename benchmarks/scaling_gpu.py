@@ -365,6 +365,7 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
         gt = next(t.loader).stacked()[: len(batch.own(r))].float() / 255.0  # [C_own, H, W, 3]
         n_cam = len(batch.cameras)
         cams = t.train_idx[batch.cameras].to(t.device)
+        viewmats = t.viewmats[t.train_idx[batch.cameras]]  # as the trainer: a host index (data/poses.py), before the clock
         owner = batch.camera_owner.to(t.device)
         sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
         kw = t._render_kwargs(None)
@@ -378,7 +379,7 @@ def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
         with virtual_rank(r, W), marked(clock, "project", "pack", "project"):
             # W = 1: distributed_rasterize's direct path (no payload, rendered from the pairs)
             local = _prepare(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                             t.viewmats[cams], t.Ks[cams], t.width, t.height, owner,
+                             viewmats, t.Ks[cams], t.width, t.height, owner,
                              sh, packed, backend, True, opts, [], None, False, W > 1)
         if local.error is not None:
             raise local.error
