@@ -27,7 +27,7 @@ from .names import NameList, TrackTable
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
 from .shards import TarShardSource
-from .sources import FolderSource, JoinedPaths
+from .sources import FolderSource, JoinedPaths, first_present
 from .undistort import SUPPORTED, split_params, undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -130,15 +130,11 @@ def load_colmap(
         size_of_image = size_of_cam.reshape(-1)[cam_pos]  # [C]
         first = np.full((len(sizes_wh), 2), -1, dtype=np.int64)  # [S, 2]
         for g in np.unique(size_of_image).tolist():
-            for i in np.flatnonzero(size_of_image == g).tolist():
-                if source.has(i):
-                    first[g] = probe_images(source, [i])[0]
-                    check_sizes([names[i]], [tuple(first[g])], [tuple(sizes_wh[g])], [source.where(i)])
-                    break
-            else:
-                w, h = sizes_wh[g].tolist()
-                raise DataError(f"{image_dir}: no image of the {w}x{h} COLMAP cameras is present here, so their "
-                                "stored size is unknown; stage at least one of their images on this node")
+            w, h = sizes_wh[g].tolist()
+            i = first_present(source, f"{image_dir} (the {w}x{h} COLMAP cameras' images)",
+                              np.flatnonzero(size_of_image == g).tolist())
+            first[g] = probe_images(source, [i])[0]
+            check_sizes([names[i]], [tuple(first[g])], [(w, h)], [source.where(i)])
         stored = first[size_of_image]  # [C, 2]
     if shards is not None and factor > 1 and (stored == cam_wh[cam_pos]).all():
         on_the_fly = True  # shards of images/ (the full size) with --data_factor N: downscaled on load
