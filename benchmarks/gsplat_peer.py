@@ -16,6 +16,13 @@ This driver changes none of those files; at runtime, before gsplat's `__main__` 
    same images; the JSON says whether gsplat's own split already was the same.
 4. Without imageio-ffmpeg (not on the device) the trajectory video cannot be written:
    `--disable_video` is added (it only renders a video after the eval).
+5. Only with PEER_RESET=1: gsplat 1.5.3's DefaultStrategy tests `step % self.reset_every
+   == 0 & step > 0`, a chained comparison that is never true, so its trainer never resets
+   opacities; distsplat's DefaultStrategy (distsplat/train/strategies.py) does, every
+   `reset_every` steps before `refine_stop_iter`. PEER_RESET=1 adds that reset after gsplat's
+   own step_post_backward (gsplat's `reset_opa`, the value its code intends), so the two
+   trainers run the same schedule; the result is gsplat_peer_<strategy>_reset.json. Without
+   it the peer is gsplat exactly as released (gsplat_peer_<strategy>.json).
 
 Usage (device, repo root, after installing .whl; see scripts/prepare_gsplat_peer.sh):
     python3 benchmarks/gsplat_peer.py default --data_dir .gpu_data/thermos --data_factor 1 \
@@ -28,7 +35,7 @@ and copy benchmarks/results/gsplat_peer_*.json to $OUT. Environment:
 GSPLAT_PEER (the peer folder, default <repo>/.gsplat_peer), DISTSPLAT_GSPLAT_EXT (default
 <repo>/.gsplat_ext), DISTSPLAT_COMMIT (else .gpu_data/COMMIT, else git), PEER_DRY_RUN=1 (no
 CUDA: set everything up, parse the arguments, build gsplat's Parser and Datasets, load one
-image, print the split; training is not run).
+image, print the split; training is not run), PEER_RESET=1 (point 5 above).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -111,6 +118,30 @@ def stub_lpips() -> None:
     tm_image.LearnedPerceptualImagePatchSimilarity = NaNLPIPS
     STUBS.append("torchmetrics LearnedPerceptualImagePatchSimilarity -> NaN (AlexNet weights need a download; "
                  "gsplat's lpips figure is NaN)")
+
+
+def reset_repaired(step_post_backward: Callable[..., None]) -> Callable[..., None]:
+    """gsplat's DefaultStrategy.step_post_backward followed by the opacity reset its code
+    intends (point 5 of the module doc): at 0 < step < refine_stop_iter with step a multiple
+    of reset_every, opacities are clamped to 2 * prune_opa by gsplat's own reset_opa (which
+    also zeroes their Adam moments), as distsplat's DefaultStrategy does."""
+    from gsplat.strategy.ops import reset_opa
+
+    def step_post_backward_with_reset(self: Any, params: Any, optimizers: Any, state: Any, step: int,
+                                      info: Any, packed: bool = False) -> None:
+        step_post_backward(self, params, optimizers, state, step, info, packed=packed)
+        if 0 < step < self.refine_stop_iter and step % self.reset_every == 0:
+            reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
+
+    return step_post_backward_with_reset
+
+
+def patch_opacity_reset() -> None:
+    from gsplat.strategy import DefaultStrategy
+
+    DefaultStrategy.step_post_backward = reset_repaired(DefaultStrategy.step_post_backward)
+    STUBS.append("DefaultStrategy: the opacity reset every reset_every steps repaired (PEER_RESET=1; gsplat "
+                 "1.5.3's `step % reset_every == 0 & step > 0` is never true), as distsplat's DefaultStrategy")
 
 
 def read_names(path: Path) -> List[str]:
@@ -208,6 +239,11 @@ def main() -> int:
     ops = setup_gsplat_ops(dry)
     print(f"gsplat_peer: gsplat CUDA ops: {ops}")
     stub_lpips()
+    reset = os.environ.get("PEER_RESET") == "1"
+    if reset and strategy != "default":
+        die("PEER_RESET=1 repairs DefaultStrategy's opacity reset; MCMCStrategy has none (run it without PEER_RESET)")
+    if reset:
+        patch_opacity_reset()
     try:
         import imageio_ffmpeg  # noqa: F401
     except ImportError:
@@ -257,6 +293,8 @@ def main() -> int:
     payload = {
         "what": "gsplat 1.5.3's own examples/simple_trainer.py (the peer reference), run by benchmarks/gsplat_peer.py",
         "strategy": strategy,
+        "opacity_reset": ("repaired: every reset_every steps, as distsplat (PEER_RESET=1)" if reset else
+                          "as released: gsplat 1.5.3's DefaultStrategy never resets (its condition is never true)"),
         "gsplat_args": argv,
         "gsplat_version": gsplat.__version__,
         "gsplat_ops": ops,
@@ -281,7 +319,7 @@ def main() -> int:
         },
         "gsplat_stats": stats,
     }
-    path = write_result(f"gsplat_peer_{strategy}", payload)
+    path = write_result(f"gsplat_peer_{strategy}" + ("_reset" if reset else ""), payload)
     print(f"gsplat_peer: {json.dumps(payload['summary'])}")
     print(f"gsplat_peer: wrote {path}")
     return 0

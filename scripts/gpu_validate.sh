@@ -152,17 +152,20 @@ run_check() {  # one named check (or group) of the validation
         train "${strategy}_thermos_${STEPS:-7000}" "${TRAIN_LIMIT:-240}" 1 -- "$strategy" --data_dir "$THERMOS" \
             --data_factor "${DATA_FACTOR:-1}" --max_steps "${STEPS:-7000}" --eval_steps "${STEPS:-7000}" \
             --save_steps "${STEPS:-7000}" --cache gpu ;;
-    peer_default|peer_mcmc)  # gsplat's own simple_trainer on the same capture (benchmarks/gsplat_peer.py;
-                             # carry .gsplat_peer too)
-        local strategy=${1#peer_}
-        check "gsplat_peer_${strategy}" "${TRAIN_LIMIT:-240}" $PY benchmarks/gsplat_peer.py "$strategy" \
-            --data_dir "$THERMOS" --data_factor "${DATA_FACTOR:-1}" --max_steps "${STEPS:-7000}" \
+    peer_default|peer_mcmc|peer_default_reset)  # gsplat's own simple_trainer on the same capture
+            # (benchmarks/gsplat_peer.py; carry .gsplat_peer too). peer_default_reset: with the opacity
+            # reset that gsplat 1.5.3's DefaultStrategy never performs repaired (PEER_RESET=1), as ours
+        local name=${1#peer_} strategy reset=0
+        strategy=${name%_reset}
+        [ "$name" != "$strategy" ] && reset=1
+        check "gsplat_peer_${name}" "${TRAIN_LIMIT:-240}" env PEER_RESET=$reset $PY benchmarks/gsplat_peer.py \
+            "$strategy" --data_dir "$THERMOS" --data_factor "${DATA_FACTOR:-1}" --max_steps "${STEPS:-7000}" \
             --eval_steps "${STEPS:-7000}" --save_steps "${STEPS:-7000}" --disable_viewer --disable_video \
-            --result_dir "/tmp/runs/peer_${strategy}"
-        note "  $(grep -a '^gsplat_peer: {' "$LOGS/gsplat_peer_${strategy}.log" | tail -n 1)" ;;
+            --result_dir "/tmp/runs/peer_${name}"
+        note "  $(grep -a '^gsplat_peer: {' "$LOGS/gsplat_peer_${name}.log" | tail -n 1)" ;;
     1) for c in tests syncs small vs_gsplat default_1k; do run_check $c; done ;;
     2) for c in vs_gsplat step_vs_gsplat default_7k mcmc_7k; do run_check $c; done ;;
-    *) echo "unknown check '$1' (tests syncs small vs_gsplat step_vs_gsplat profile scaling default_1k default_7k mcmc_7k peer_default peer_mcmc, or 1, 2)" >&2
+    *) echo "unknown check '$1' (tests syncs small vs_gsplat step_vs_gsplat profile scaling default_1k default_7k mcmc_7k peer_default peer_mcmc peer_default_reset, or 1, 2)" >&2
        FAILED=1 ;;
     esac
 }

@@ -83,3 +83,59 @@ def test_default_strategy_resets_opacities_every_reset_every_steps():
         strategy.step_post_backward(params, optimizers, state, step, info, packed=True)
         expected = 3.0 if step == 29 else torch.logit(torch.tensor(strategy.prune_opa * 2.0)).item()
         torch.testing.assert_close(params["opacities"].detach(), torch.full((n,), expected))
+
+
+def _reset_setup():
+    """20 Gaussians at opacity sigmoid(3) with Adam moments (one step taken), and the info
+    of a step that saw them all with zero gradient (so nothing grows)."""
+    n = 20
+    g = torch.Generator().manual_seed(0)
+    params = torch.nn.ParameterDict({
+        "means": torch.randn(n, 3, generator=g), "scales": torch.full((n, 3), -3.0),
+        "quats": torch.randn(n, 4, generator=g), "opacities": torch.full((n,), 3.0), "sh0": torch.zeros(n, 1, 3),
+    })
+    optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
+    for p in params.values():
+        p.grad = torch.randn(p.shape, generator=g)
+    for opt in optimizers.values():
+        opt.step()
+    info = {"means2d": torch.zeros(n, 2, requires_grad=True), "width": 10, "height": 10,
+            "n_cameras": 1, "radii": torch.ones(n, 2, dtype=torch.int32), "gaussian_ids": torch.arange(n)}
+    info["means2d"].grad = torch.zeros(n, 2)
+    return params, optimizers, info
+
+
+def _after_reset_step(strategy_cls):
+    params, optimizers, info = _reset_setup()
+    strategy = strategy_cls(refine_start_iter=1000, refine_stop_iter=2000, reset_every=30)
+    state = strategy.initialize_state(scene_scale=1.0)
+    strategy.step_post_backward(params, optimizers, state, 30, info, packed=True)
+    moments = {k: {m: optimizers[k].state[p][m].clone() for m in ("exp_avg", "exp_avg_sq")}
+               for k, p in params.items()}
+    return {k: p.detach().clone() for k, p in params.items()}, moments
+
+
+def test_gsplat_peer_reset_repair_matches_our_default_strategy(monkeypatch):
+    """benchmarks/gsplat_peer.py's PEER_RESET=1 repairs gsplat 1.5.3's DefaultStrategy so
+    that its trainer resets opacities on distsplat's schedule: as released gsplat keeps
+    its opacities (about sigmoid(3)) at step reset_every (the bug the repair is for; if a gsplat upgrade
+    fixes it, this says so), the repaired one lands on exactly our parameters and Adam
+    moments (gsplat's reset_opa zeroes the moments of the reset rows)."""
+    from gsplat.strategy import DefaultStrategy as GsplatDefault
+
+    from benchmarks import gsplat_peer
+    from distsplat.train.strategies import DefaultStrategy as Ours
+
+    released, _ = _after_reset_step(GsplatDefault)
+    before = _reset_setup()[0]["opacities"].detach()  # about 3.0, after the one Adam step
+    assert torch.equal(released["opacities"], before)
+    monkeypatch.setattr(GsplatDefault, "step_post_backward", gsplat_peer.reset_repaired(GsplatDefault.step_post_backward))
+    repaired, repaired_moments = _after_reset_step(GsplatDefault)
+    ours, our_moments = _after_reset_step(Ours)
+    torch.testing.assert_close(repaired["opacities"], torch.full((20,), math.log(0.01 / 0.99)))
+    for k in ours:
+        assert torch.equal(repaired[k], ours[k]), k
+        for m in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(repaired_moments[k][m], our_moments[k][m]), (k, m)
+    assert (repaired_moments["opacities"]["exp_avg"] == 0).all()  # the reset rows' moments
+    assert (repaired_moments["means"]["exp_avg"] != 0).any()  # untouched elsewhere
