@@ -15,8 +15,8 @@ Three measurements, one process, one GPU:
             is in (a GPU step whose kernels are short is bound by the host launching them).
 
     python benchmarks/profile_gpu.py [TABLE_DIR]
-Environment: N (1000000), REPS (5), SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu,gpu-nocheck:
-the gpu cache with --max_bad_steps 0),
+Environment: N (1000000), REPS (5), SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu,gpu-nocheck,
+gpu-torchssim: the gpu cache with --max_bad_steps 0, and with --ssim_impl torch),
 PROFILE_WARM (100), PROFILE_STEPS (300). Writes benchmarks/results/profile_gpu_cuda.json, the tables to
 TABLE_DIR (default: a temporary folder), and prints one summary line.
 """
@@ -116,12 +116,18 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
     out: Dict[str, Any] = {}
     for variant in caches:
         # "gpu-nocheck": the gpu cache without the divergence check (--max_bad_steps 0), whose
-        # host read after backward stops the host from running ahead of the GPU
-        cache, nocheck = variant.split("-")[0], variant.endswith("-nocheck")
+        # host read after backward stops the host from running ahead of the GPU;
+        # "gpu-torchssim": the gpu cache with the PyTorch SSIM (--ssim_impl torch) where the
+        # others take fused-ssim's kernels when it is installed (--ssim_impl auto)
+        cache, flags = variant.split("-")[0], variant.split("-")[1:]
+        unknown = set(flags) - {"nocheck", "torchssim"}
+        if unknown:
+            sys.exit(f"profile_gpu.py: CACHES: unknown variant flag(s) {sorted(unknown)} in {variant!r}")
         tmp = tempfile.mkdtemp(prefix=f"profile_{variant}_")
         cfg = Config(data_dir=scene, data_factor=data_factor, result_dir=tmp, max_steps=warm + 2 * steps + 10,
                      eval_steps=[], save_steps=[], save_ply=False, disable_viewer=True, backend="gsplat",
-                     cache=cache, **({"max_bad_steps": 0} if nocheck else {}))
+                     cache=cache, **({"max_bad_steps": 0} if "nocheck" in flags else {}),
+                     **({"ssim_impl": "torch"} if "torchssim" in flags else {}))
         cfg.validate()
         trainer = Trainer(cfg, ctx)
         t_setup = time.perf_counter()
@@ -140,6 +146,7 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
             torch.cuda.synchronize()
             wall = time.perf_counter() - t0
             rec = {"setup_s": t_setup, "steps": steps, "step_ms": wall / steps * 1e3, "steps_per_s": steps / wall,
+                   "ssim_impl": trainer.ssim_impl,
                    "data_wait_ms_per_step": trainer.loader.wait / steps * 1e3,
                    "data_wait_share": trainer.loader.wait / wall,
                    # of which blocked until the batch's images were ready (ImageLoader.wait_s);
@@ -178,7 +185,7 @@ def main() -> None:
     table_dir.mkdir(parents=True, exist_ok=True)
     data = os.environ.get("DISTSPLAT_DATA")
     scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data else "")
-    caches = os.environ.get("CACHES", "none,decoded,gpu,gpu-nocheck").split(",")
+    caches = os.environ.get("CACHES", "none,decoded,gpu,gpu-nocheck,gpu-torchssim").split(",")
     render = profile_render(table_dir, int(os.environ.get("N", 1_000_000)), int(os.environ.get("REPS", 5)))
     print("render: " + ", ".join(f"{k} {v['wall_ms']:.2f} ms" for k, v in render["runs"].items()), flush=True)
     trainer = profile_trainer(table_dir, scene, int(os.environ.get("DATA_FACTOR", 1)), caches,

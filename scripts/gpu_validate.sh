@@ -70,8 +70,15 @@ if [ -d .whl ] && ! $PY -c "import tyro, viser, gsplat" 2>/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { note "FAIL install of the carried wheels"; exit 1; }
 fi
+# fused-ssim (the training loss's --ssim_impl fused, picked by auto on a GPU; tests/cuda checks it):
+# the build in a carried .gsplat_peer (scripts/prepare_gsplat_peer.sh, sm_90), when none is installed.
+if ! $PY -c "import fused_ssim" 2>/dev/null && ls .gsplat_peer/site/fused_ssim_cuda*.so >/dev/null 2>&1; then
+    mkdir -p /tmp/site && cp -r .gsplat_peer/site/fused_ssim .gsplat_peer/site/fused_ssim_cuda*.so /tmp/site/
+fi
 {
     echo "part $PART, commit ${DISTSPLAT_COMMIT:-unknown}, $(date -u +%FT%TZ)"
+    $PY -c "import fused_ssim; print('fused-ssim', fused_ssim.__file__)" 2>/dev/null \
+        || echo "fused-ssim: not importable (carry .gsplat_peer): the trainings use the PyTorch SSIM"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
     $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.get_device_name(0))"
     nvcc --version 2>&1 | tail -1

@@ -72,6 +72,10 @@ class Config:
     """Raise the SH degree in use by one every this many steps."""
 
     ssim_lambda: float = 0.2
+    ssim_impl: Literal["auto", "fused", "torch"] = "auto"
+    """The training loss's SSIM: fused-ssim's CUDA kernels (the package gsplat's trainer uses:
+    pip install git+https://github.com/rahul-goel/fused-ssim), or PyTorch convolutions; the same
+    definition (zero padding). auto: fused on a GPU when the package is installed."""
     opacity_reg: float = 0.0
     """Weight of the mean opacity in the loss (gsplat's MCMC preset: 0.01)."""
     scale_reg: float = 0.0

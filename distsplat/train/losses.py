@@ -1,12 +1,20 @@
 """Photometric losses and metrics of the trainer: L1, SSIM (3DGS's 11x11 Gaussian window,
 sigma 1.5, zero padding, mean over all pixels) and PSNR. Images are [B, H, W, 3] in [0, 1],
 as the renderer returns them. Sums are returned alongside means where the distributed
-trainer needs exact reductions across ranks (a mean of per-rank means is not W-invariant)."""
+trainer needs exact reductions across ranks (a mean of per-rank means is not W-invariant).
+
+The training loss's SSIM has two implementations of the same definition (--ssim_impl):
+`torch` (ssim_map below: two batched convolutions and a few dozen elementwise kernels, each
+with its backward) and `fused`, fused-ssim's CUDA kernels (rahul-goel/fused-ssim, the loss
+gsplat's own trainer uses: one kernel forward, one backward; an optional package, CUDA and
+float32 only). On a GPU step bound by the host launching kernels, the fused one launches far
+fewer. tests/cuda checks that both give the same loss and gradient."""
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -75,13 +83,52 @@ def psnr(img1: Tensor, img2: Tensor) -> Tensor:
     return -10.0 * torch.log10(mse.clamp_min(1e-20))
 
 
-def photometric_loss(render: Tensor, target: Tensor, ssim_lambda: float) -> Tensor:
+FUSED_SSIM_INSTALL = "pip install git+https://github.com/rahul-goel/fused-ssim"
+
+
+def fused_ssim_fn() -> Optional[Callable[..., Tensor]]:
+    """fused-ssim's `fused_ssim(img1, img2, padding, train)` ([B, C, H, W] float32 CUDA images
+    -> the mean of the SSIM map; padding "same": zero padding, as ssim_map), or None when the
+    package (or its compiled extension) cannot be imported."""
+    try:
+        from fused_ssim import fused_ssim
+    except (ImportError, OSError):
+        return None
+    return fused_ssim
+
+
+def resolve_ssim_impl(choice: str, device: torch.device, note: Optional[Callable[..., None]] = None) -> str:
+    """--ssim_impl -> "fused" or "torch". auto: fused on a CUDA device when fused-ssim is
+    installed, else torch; fused where it cannot run is a ValueError naming the flag. On a
+    CUDA device, `note` (e.g. rank 0's log.info) is told which one trains."""
+    if choice not in ("auto", "fused", "torch"):
+        raise ValueError(f"--ssim_impl: must be auto, fused or torch, got {choice!r}")
+    on_cuda = torch.device(device).type == "cuda"
+    impl = "fused" if choice != "torch" and on_cuda and fused_ssim_fn() is not None else "torch"
+    if choice == "fused" and impl != "fused":
+        why = (f"fused-ssim is not installed ({FUSED_SSIM_INSTALL})" if on_cuda
+               else f"fused-ssim's kernels need a CUDA device, this rank trains on {device}")
+        raise ValueError(f"--ssim_impl fused: {why}; use --ssim_impl torch (or auto, which picks fused where it can)")
+    if note is not None and on_cuda:
+        note("training SSIM: %s", "fused-ssim's CUDA kernels" if impl == "fused" else
+             "PyTorch convolutions (--ssim_impl torch)" if choice == "torch" else
+             f"PyTorch convolutions: fused-ssim is not installed (with it a step launches fewer kernels: "
+             f"{FUSED_SSIM_INSTALL})")
+    return impl
+
+
+def photometric_loss(render: Tensor, target: Tensor, ssim_lambda: float, ssim_impl: str = "torch") -> Tensor:
     """3DGS's loss for [B, H, W, 3] images, summed over the B images (each image's loss is
     its own mean), so that dividing by the global batch gives the mean over the batch
-    whatever rank holds which image: (1 - l) L1 + l (1 - SSIM)."""
+    whatever rank holds which image: (1 - l) L1 + l (1 - SSIM). ssim_impl "fused"
+    (resolve_ssim_impl) takes the SSIM from fused-ssim (float32 CUDA images): the B images
+    have one size, so the sum of their means is B times the mean over all of them."""
     if render.shape[0] == 0:
         return render.sum()  # keeps the graph: the distributed backward needs every rank
     l1 = (render - target).abs().flatten(1).mean(1)  # [B]
+    if ssim_impl == "fused":
+        mean = fused_ssim_fn()(render.permute(0, 3, 1, 2), target.permute(0, 3, 1, 2), padding="same")
+        return (1.0 - ssim_lambda) * l1.sum() + ssim_lambda * render.shape[0] * (1.0 - mean)
     dssim = 1.0 - ssim_map(render, target).flatten(1).mean(1)  # [B]
     return ((1.0 - ssim_lambda) * l1 + ssim_lambda * dssim).sum()
 

@@ -50,7 +50,7 @@ from .trajectory import camera_path
 from .video import render_frames, write_mp4
 from .gaussians import (activated, create_optimizers, from_float_rows, init_gaussians, initial_ids,
                         random_points, to_float_rows)
-from .losses import photometric_loss
+from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
@@ -93,6 +93,8 @@ class Trainer:
         some ranks can be agreed by all of them afterwards (cli.run: raise_together), and
         writes nothing, so that a failure leaves the result dir as it was."""
         cfg, ctx = self.cfg, self.ctx
+        # "fused" (fused-ssim's kernels) or "torch"; rank 0 says which on a GPU
+        self.ssim_impl = resolve_ssim_impl(cfg.ssim_impl, self.device, log.info if ctx.is_main else None)
         self.scene = scene = load_scene(cfg)
         cams = scene.camera_tensors(device=self.device)
         self.viewmats, self.Ks = cams["viewmats"], cams["Ks"]  # [C_all, 4, 4], [C_all, 3, 3]
@@ -328,7 +330,7 @@ class Trainer:
             )
             metas.append(meta)
             gt = group_images(images, grp).to(self.device).float() / 255.0  # [C_own_g, H, W, 3] (already there)
-            loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda) / C
+            loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda, self.ssim_impl) / C
             if self.depth is not None:  # expected depth in the 4th channel
                 loss = loss + cfg.depth_lambda * self.depth.loss(colors[..., 3:], group_cameras(images, grp)) / C
         meta = merge_meta(metas, groups, C)  # what densification reads, as of one render

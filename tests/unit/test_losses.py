@@ -60,3 +60,57 @@ def test_photometric_loss_sums_per_image_losses():
     loss = photometric_loss(empty, empty.detach(), 0.2)
     loss.backward()  # still in the graph
     assert loss.item() == 0.0
+
+
+def _fused_stand_in(calls):
+    """What fused-ssim's `fused_ssim(img1, img2, padding="same")` computes, on CPU: the mean
+    of the zero-padded SSIM map over [B, C, H, W] images (tests/cuda checks the real kernel
+    against ssim_map)."""
+    def fused_ssim(img1, img2, padding="same", train=True):
+        calls.append((tuple(img1.shape), padding))
+        return ssim_map(img1.permute(0, 2, 3, 1), img2.permute(0, 2, 3, 1)).mean()
+    return fused_ssim
+
+
+def test_fused_ssim_loss_is_the_torch_loss(monkeypatch):
+    """With ssim_impl "fused" the loss hands [B, 3, H, W] images to fused-ssim and turns its
+    one mean over the batch into the sum of per-image losses: same value, same gradient."""
+    from distsplat.train import losses
+
+    calls = []
+    monkeypatch.setattr(losses, "fused_ssim_fn", lambda: _fused_stand_in(calls))
+    g = torch.Generator().manual_seed(2)
+    t = torch.rand(3, 13, 17, 3, generator=g, dtype=torch.float64)
+    r1 = torch.rand(3, 13, 17, 3, generator=g, dtype=torch.float64).requires_grad_()
+    r2 = r1.detach().clone().requires_grad_()
+    ref = photometric_loss(r1, t, 0.3)
+    fused = photometric_loss(r2, t, 0.3, ssim_impl="fused")
+    assert calls == [((3, 3, 13, 17), "same")]
+    ref.backward()
+    fused.backward()
+    # float64, the same terms summed in another order: a few ulps of the O(1) loss
+    torch.testing.assert_close(fused, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(r2.grad, r1.grad, rtol=1e-10, atol=1e-14)
+
+
+def test_resolve_ssim_impl(monkeypatch):
+    from distsplat.train import losses
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device name only: nothing runs on it
+    notes = []
+    note = lambda fmt, *a: notes.append(fmt % a)  # noqa: E731
+    monkeypatch.setattr(losses, "fused_ssim_fn", lambda: None)  # not installed
+    assert losses.resolve_ssim_impl("auto", cpu, note) == "torch" and not notes  # CPU: nothing to say
+    assert losses.resolve_ssim_impl("torch", cuda) == "torch"
+    assert losses.resolve_ssim_impl("auto", cuda, note) == "torch" and "pip install" in notes[-1]
+    with pytest.raises(ValueError, match=r"--ssim_impl fused: fused-ssim is not installed \(pip install"):
+        losses.resolve_ssim_impl("fused", cuda)
+    with pytest.raises(ValueError, match="--ssim_impl fused: fused-ssim's kernels need a CUDA device"):
+        losses.resolve_ssim_impl("fused", cpu)
+    with pytest.raises(ValueError, match="--ssim_impl: must be auto, fused or torch"):
+        losses.resolve_ssim_impl("fast", cpu)
+    monkeypatch.setattr(losses, "fused_ssim_fn", lambda: _fused_stand_in([]))  # installed
+    assert losses.resolve_ssim_impl("auto", cuda, note) == "fused" and "fused-ssim" in notes[-1]
+    assert losses.resolve_ssim_impl("fused", cuda) == "fused"
+    assert losses.resolve_ssim_impl("auto", cpu) == "torch"  # its kernels are CUDA only
+    assert losses.resolve_ssim_impl("torch", cuda) == "torch"
