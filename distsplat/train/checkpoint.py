@@ -415,7 +415,9 @@ def load_rows_into(
             group["params"] = [p if q is old else q for q in group["params"]]
         state = rows["optim"].get(name) or {}
         if state:
-            opt.state[p] = {k: (v.to(p.device) if isinstance(v, Tensor) and k != "step" else v)
+            # torch keeps Adam's step counter on the host, except a fused Adam's: on the device
+            on_device = bool(opt.defaults.get("fused"))
+            opt.state[p] = {k: (v.to(p.device) if isinstance(v, Tensor) and (k != "step" or on_device) else v)
                             for k, v in state.items()}
         params[name] = p
     return {k: v.to(device) if device is not None else v for k, v in rows["per_gaussian"].items()}

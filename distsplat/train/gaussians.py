@@ -105,22 +105,30 @@ def create_optimizers(
     global_batch: int,
     scene_scale: float = 1.0,
     lrs: Optional[Dict[str, float]] = None,
+    fused: Optional[bool] = None,
 ) -> Dict[str, torch.optim.Adam]:
     """One Adam per parameter (strategies replace rows of each), scaled with the GLOBAL
     batch size as gsplat does: lr * sqrt(B), eps 1e-15 / sqrt(B), betas 1 - B (1 - beta).
     Using the global batch keeps the update identical whatever W splits it. From B = 10,
     where that formula gives beta1 <= 0 (torch refuses it, and gsplat's own trainer stops),
     each beta is beta ** B instead: the decay of B one-image steps (Grendel-GS's scaling);
-    4 GPUs x --batch_size 4 is B = 16."""
+    4 GPUs x --batch_size 4 is B = 16.
+
+    fused (default: on CUDA): torch's fused Adam, one kernel per parameter and step where
+    the default (foreach) launches about seven; the same update up to rounding. Its step
+    counter lives on the parameter's device (checkpoint.load_rows_into puts it there). On
+    CPU the default stays torch's own choice (the single-tensor loop)."""
     lrs = {**BASE_LRS, **(lrs or {})}
     B = global_batch
     out = {}
     for name, p in params.items():
         lr = lrs[name] * (scene_scale if name == "means" else 1.0)
+        use_fused = p.is_cuda if fused is None else fused
         out[name] = torch.optim.Adam(
             [{"params": [p], "lr": lr * math.sqrt(B), "name": name}],
             eps=1e-15 / math.sqrt(B),
             betas=scaled_betas(B),
+            **({"fused": True} if use_fused else {}),  # not fused=False: that also turns foreach off
         )
     return out
 
