@@ -112,6 +112,19 @@ class CameraBatcher:
         return CameraBatch(torch.from_numpy(cameras.astype(np.int64)), torch.from_numpy(owner),
                            epoch, step)
 
+    def own_batch(self, epoch: int, step: int, rank: int) -> List[int]:
+        """`rank`'s cameras of batch (epoch, step), in batch order: the same as
+        `batch(epoch, step)`'s cameras[own(rank)], without building the batch (the image
+        loader asks this every step, on the host path of a GPU step)."""
+        if not 0 <= step < self.steps_per_epoch or epoch < 0 or not 0 <= rank < self.world_size:
+            raise ValueError(
+                f"CameraBatcher: need epoch >= 0, 0 <= step < {self.steps_per_epoch} and 0 <= rank < "
+                f"{self.world_size}, got epoch={epoch}, step={step}, rank={rank}"
+            )
+        order = self._epoch_orders(epoch)[rank]
+        k = self.cameras_per_rank
+        return [int(order[s % len(order)]) for s in range(step * k, (step + 1) * k)]
+
     def __iter__(self) -> Iterator[CameraBatch]:
         return self
 

@@ -218,9 +218,12 @@ class Trainer:
         spe = self.batcher.steps_per_epoch
         return self.batcher.batch(pos // spe, pos % spe)
 
-    def _own_cameras(self, step: int):
-        batch = self._batch(step)
-        return self.train_idx[batch.cameras[batch.own(self.ctx.rank)]].tolist()
+    def _own_cameras(self, step: int) -> List[int]:
+        """This rank's scene cameras of training step `step` (the image loader's schedule)."""
+        pos = self.batch_start + step - self.start_step
+        spe = self.batcher.steps_per_epoch
+        train = self.train_idx.numpy()  # a view: per-step lookups without torch ops
+        return [int(train[c]) for c in self.batcher.own_batch(pos // spe, pos % spe, self.ctx.rank)]
 
     def _means_lr(self, step: int) -> float:
         """gsplat's schedule: the means' lr decays exponentially to 1% over the run."""

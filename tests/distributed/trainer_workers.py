@@ -48,6 +48,10 @@ class ReplayBatcher:
         b = self.inner.batch(epoch, step)
         return CameraBatch(b.cameras, self.owner.clone(), b.epoch, b.step)
 
+    def own_batch(self, epoch: int, step: int, rank: int) -> List[int]:  # the image loader's schedule
+        b = self.batch(epoch, step)
+        return b.cameras[b.own(rank)].tolist()
+
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 

@@ -119,3 +119,17 @@ def test_uses_no_global_random_state():
     np.random.seed(123)
     b = take(CameraBatcher(9, 3, 1, seed=2), 5)
     assert all(torch.equal(x.cameras, y.cameras) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("n,W,k", [(7, 1, 1), (10, 3, 2), (23, 4, 3), (9, 2, 4)])
+def test_own_batch_is_the_batch_cameras_of_the_rank(n, W, k):
+    """own_batch (the loader's per-step schedule) without building the batch: the same
+    cameras in the same order as batch(...).cameras[own(rank)], every rank, epoch, step."""
+    b = CameraBatcher(n, W, k, seed=5)
+    for epoch in range(3):
+        for step in range(b.steps_per_epoch):
+            batch = b.batch(epoch, step)
+            for r in range(W):
+                assert b.own_batch(epoch, step, r) == batch.cameras[batch.own(r)].tolist()
+    with pytest.raises(ValueError, match="rank"):
+        b.own_batch(0, 0, W)
