@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .errors import DataError
+from .errors import DataError, repair_of
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def decode_image(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, wh
     except DataError:
         raise
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for bad data
-        raise DataError(f"{where}: cannot decode image ({type(e).__name__}: {e}); re-copy or re-export the file") from None
+        raise DataError(f"{where}: cannot decode image ({type(e).__name__}: {e}); {repair_of(where)}") from None
     has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
     if spec.background is not None and has_alpha:  # without a background, alpha is dropped (gsplat: [..., :3])
         bg = Image.new("RGBA", im.size, (*spec.background, 255))
@@ -109,7 +109,7 @@ def header_size(head: bytes, where: str) -> Tuple[int, int]:
         why = f"starts with {head[:8]!r}, the header of no image format Pillow reads"
     except Exception as e:
         why = f"{type(e).__name__}: {e}"
-    raise DataError(f"{where}: not a readable image ({why}); re-copy or re-export the file")
+    raise DataError(f"{where}: not a readable image ({why}); {repair_of(where)}")
 
 
 def is_jpeg(head: bytes) -> bool:
@@ -129,9 +129,9 @@ def check_truncated(head: bytes, tail: bytes, where: str) -> None:
     copy does not."""
     end = tail.rstrip(b"\0")
     if is_jpeg(head) and not end.endswith(b"\xff\xd9"):
-        raise DataError(f"{where}: truncated JPEG (no end-of-image marker); re-copy or re-export the file")
+        raise DataError(f"{where}: truncated JPEG (no end-of-image marker); {repair_of(where)}")
     if is_png(head) and not end.endswith(PNG_END):
-        raise DataError(f"{where}: truncated PNG (no IEND chunk at the end); re-copy or re-export the file")
+        raise DataError(f"{where}: truncated PNG (no IEND chunk at the end); {repair_of(where)}")
 
 
 def scale_matches(w: int, h: int, cam_w: int, cam_h: int) -> bool:

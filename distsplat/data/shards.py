@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, Where
 from .heap import TRIM_FROM, trim_heap
 from .names import NameList, encoded, fixed_width, utf8_ok
 from .sources import ImageSource
@@ -363,7 +363,10 @@ class TarShardSource(ImageSource):
     def where(self, index: int) -> str:
         if self._shard[index] == ABSENT:
             return f"{self.names[index]} (not in {self.index_path})"
-        return f"{self.names[index]} in {self.shard_paths[self._shard[index]]} at offset {self._offset[index]}"
+        # A damaged image inside a shard is repaired by packing the shards again from intact images
+        return Where(f"{self.names[index]} in {self.shard_paths[self._shard[index]]} at offset {self._offset[index]}",
+                     "pack the shards again from intact images (python scripts/pack_shards.py FOLDER OUT, or "
+                     "scripts/stage_nodes.py --shards ... --copy-to for a node's own)")
 
     def __getstate__(self):  # descriptors and locks stay in their process
         state = self.__dict__.copy()

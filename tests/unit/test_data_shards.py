@@ -97,3 +97,32 @@ def test_format_1_index_still_reads(packed, tmp_path):
     assert old.names == list(reversed(new.names))
     for i, name in enumerate(old.names):
         assert old.read(i) == (data / "images" / name).read_bytes()
+
+
+
+def test_damaged_image_errors_say_how_to_repair_it(tmp_path):
+    """A truncated JPEG in an image folder is re-copied; inside a tar shard the shards are
+    packed again: the up-front check and the decode both say so, naming where it is."""
+    from distsplat.data import DataError, pack_shards
+    from distsplat.data.decode import ImageSpec, decode_into, probe_images
+    from distsplat.data.sources import FolderSource
+
+    data = make_colmap_dataset(tmp_path / "d", num_cameras=3, width=48, height=32, factors=())
+    images = data / "images"
+    names = sorted(p.name for p in images.iterdir())
+    broken = images / names[1]
+    broken.write_bytes(broken.read_bytes()[:-40])  # cut before the end-of-image marker
+    shards = TarShardSource(pack_shards(images, tmp_path / "shards"), names=names)
+    folder = FolderSource([images / n for n in names], names=names)
+    spec = ImageSpec(names[1], 48, 32, 48, 32)
+    for src, where, fix in ((folder, str(broken), "re-copy or re-export the file"),
+                            (shards, f"{names[1]} in ", "pack the shards again from intact images "
+                                                        "(python scripts/pack_shards.py")):
+        with pytest.raises(DataError) as up_front:
+            probe_images(src, [1])
+        with pytest.raises(DataError) as decoding:
+            decode_into(src.read(1), spec, np.empty(spec.shape, np.uint8), src.where(1))
+        for e, what in ((up_front, "truncated JPEG"), (decoding, "cannot decode image")):
+            msg = str(e.value)
+            assert msg.startswith(where) and what in msg and fix in msg, msg
+        assert "re-copy" not in str(up_front.value) or src is folder
