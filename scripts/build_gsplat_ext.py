@@ -1,7 +1,7 @@
 """Ahead-of-time build of gsplat 1.5.3's CUDA extension for one (Python, torch, CUDA, arch).
 
 Called by scripts/build_gsplat_ext.sh, which fetches the torch wheel and gsplat's sources.
-It compiles every gsplat .cu / .cpp and ext.cpp SERIALLY with the flags that gsplat's
+It compiles every gsplat .cu / .cpp and ext.cpp (--jobs at once) with the flags that gsplat's
 JIT (gsplat/cuda/_backend.py through torch.utils.cpp_extension of the target torch) uses,
 records per-file outcomes in a JSON result, links one Python extension module, strips it
 and writes it with a build_info.json into the output folder (distsplat's
@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # The module name ext.cpp's PYBIND11_MODULE gets; gsplat's JIT uses the same.
@@ -111,7 +112,10 @@ def main() -> int:
     ap.add_argument("--arch", default="90", help="compute capability without the dot")
     ap.add_argument("--command", default="", help="the command line that ran the build (recorded)")
     ap.add_argument("--repo", type=Path, default=Path.cwd())
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="files compiled at once (default: the CPU count; nvcc takes ~1-3 GB each)")
     args = ap.parse_args()
+    t_start = time.time()
 
     torch_dir = args.torch_root / "torch"
     torch_version, torch_cuda = read_torch_version(torch_dir)
@@ -144,8 +148,9 @@ def main() -> int:
     objs_dir = args.build_dir / "obj"
     objs_dir.mkdir(parents=True, exist_ok=True)
     edits_key = json.dumps(SOURCE_EDITS)
-    files = []
+    files: list[dict] = []
     objects = []
+    todo = []  # (position in files, rel, cmd, obj, stamp, key) of the files to compile
     for s in sources:
         rel = s.relative_to(cuda_dir).as_posix()
         obj = objs_dir / (rel.replace("/", "__") + ".o")
@@ -157,8 +162,20 @@ def main() -> int:
             rec = json.loads(stamp.read_text())["record"]
             rec["cached"] = True
         else:
-            print(f"[build_gsplat_ext] compiling {rel} ...", flush=True)
-            rc, log, secs = sh(cmd)
+            rec = {}
+            todo.append((len(files), rel, cmd, obj, stamp, key))
+        files.append(rec)
+        objects.append(obj)
+
+    def compile_one(job: tuple) -> tuple:
+        _, rel, cmd, *_ = job
+        sys.stdout.write(f"[build_gsplat_ext] compiling {rel} ...\n")  # one write: threads print at once
+        sys.stdout.flush()
+        return job, sh(cmd)
+
+    # --jobs files at once (each nvcc is one process; the slowest files take minutes alone).
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for (pos, rel, cmd, obj, stamp, key), (rc, log, secs) in pool.map(compile_one, todo):
             rec = {"file": rel, "status": "compiled" if rc == 0 else "failed", "seconds": round(secs, 1)}
             if rc != 0:
                 rec["errors"] = first_errors(log)
@@ -167,11 +184,10 @@ def main() -> int:
                 rec["warnings"] = sum(1 for l in log.splitlines() if "warning" in l)
             if rc == 0:
                 stamp.write_text(json.dumps({"key": key, "record": rec}))
-            print(f"[build_gsplat_ext]   {rec['status']} in {secs:.1f} s", flush=True)
+            print(f"[build_gsplat_ext]   {rel}: {rec['status']} in {secs:.1f} s", flush=True)
             if rc != 0:
                 print("\n".join(rec["errors"]), flush=True)
-        files.append(rec)
-        objects.append(obj)
+            files[pos] = rec
 
     failed = [f["file"] for f in files if f["status"] != "compiled"]
     so_name = f"{EXT_NAME}.{args.python_tag}.so"
@@ -232,10 +248,12 @@ def main() -> int:
     except OSError:
         commit = None
     result = {
-        "what": "ahead-of-time compile of gsplat's CUDA extension, one file at a time on one core",
-        "seconds_note": ("wall seconds of each file's compile, niced, on a build machine shared with other "
-                         "jobs; 'cached': true marks a file this run reused (its seconds are from the run "
-                         "that compiled it)"),
+        "what": "ahead-of-time compile of gsplat's CUDA extension, --jobs files at a time",
+        "jobs": args.jobs,
+        "seconds_note": ("wall seconds of each file's compile (with `jobs` compiles at once), niced, on a build "
+                         "machine shared with other jobs; 'cached': true marks a file this run reused (its seconds "
+                         "are from the run that compiled it)"),
+        "wall_seconds": round(time.time() - t_start, 1),
         "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "os": platform.platform(),
                     "load_avg_at_end": list(os.getloadavg())},
