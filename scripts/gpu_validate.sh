@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU validation, in two device calls of under 10 minutes each, on a bare GPU machine
+# The GPU validation, in three device calls of under 10 minutes each, on a bare GPU machine
 # (torch with CUDA preinstalled, no internet). Prepare on the CPU machine first:
 #     bash scripts/gpu_prepare.sh        # wheels -> .whl/, data -> .gpu_data/, gsplat -> .gsplat_ext/
 # then, on the device, from the repository root, with .whl .gpu_data .gsplat_ext carried:
-#     bash scripts/gpu_validate.sh 1     # correctness: gsplat loads, tests/cuda with no skip,
-#                                        # host syncs, NCCL W=1 and shared-GPU W=2 trainings,
-#                                        # bench_vs_gsplat, 1000 steps of thermos
-#     bash scripts/gpu_validate.sh 2     # numbers: bench_vs_gsplat, default and mcmc on thermos
+#     bash scripts/gpu_validate.sh 1     # correctness and the step: gsplat loads, tests/cuda with
+#                                        # no skip, host syncs, one step vs gsplat's, the profile,
+#                                        # NCCL W=1 and shared-GPU W=2 trainings, bench_vs_gsplat
+#     bash scripts/gpu_validate.sh 2     # thermos 7000 steps: default and mcmc, ours and gsplat's
+#                                        # own trainer (also with its opacity reset repaired)
+#     bash scripts/gpu_validate.sh 3     # the virtual-rank scaling model, 1000 steps of thermos
 #     bash scripts/gpu_validate.sh tests,profile,default_7k   # named checks (see run_check)
 # Everything lands in $OUT (default: ./gpu_out): summary.txt (one line per check, PASS/FAIL),
 # logs.tgz (every check's log: at most 8 files come back from a device call), and
@@ -170,9 +172,10 @@ run_check() {  # one named check (or group) of the validation
             --eval_steps "${STEPS:-7000}" --save_steps "${STEPS:-7000}" --disable_viewer --disable_video \
             --result_dir "/tmp/runs/peer_${name}"
         note "  $(grep -a '^gsplat_peer: {' "$LOGS/gsplat_peer_${name}.log" | tail -n 1)" ;;
-    1) for c in tests syncs small vs_gsplat default_1k; do run_check $c; done ;;
-    2) for c in vs_gsplat step_vs_gsplat default_7k mcmc_7k; do run_check $c; done ;;
-    *) echo "unknown check '$1' (tests syncs small vs_gsplat step_vs_gsplat profile scaling default_1k default_7k mcmc_7k peer_default peer_mcmc peer_default_reset, or 1, 2)" >&2
+    1) for c in tests syncs step_vs_gsplat profile small vs_gsplat; do run_check $c; done ;;
+    2) for c in default_7k peer_default peer_default_reset mcmc_7k peer_mcmc; do run_check $c; done ;;
+    3) for c in scaling default_1k; do run_check $c; done ;;
+    *) echo "unknown check '$1' (tests syncs small vs_gsplat step_vs_gsplat profile scaling default_1k default_7k mcmc_7k peer_default peer_mcmc peer_default_reset, or 1, 2, 3)" >&2
        FAILED=1 ;;
     esac
 }
