@@ -10,6 +10,9 @@ Python line that caused them. Three steps are counted, each after warm-up steps:
                 non-refine step
     ours_render one distributed_rasterize forward + backward at W = 1 (the render alone)
     gsplat      the same render written with gsplat.rasterization(packed=True), + backward
+    gsplat_step a training step written with gsplat.rasterization(packed=False, as gsplat's
+                trainer renders), the trainer's loss and Adam (no densification): the
+                counterpart of `trainer`
 
 The claim this checks (distsplat/distributed/render.py): the distributed layer adds ONE
 sync per forward (the count transfer); gsplat's packed projection does one .item() of its
@@ -112,10 +115,32 @@ def main() -> None:
                                     viewmats, Ks, W, H, sh_degree=cfg.sh_degree, packed=True)
             (c.sum() + a.sum()).backward()
 
-        for fn in (ours, theirs):  # warm-up: kernels loaded, caches filled
+        from distsplat.train.gaussians import create_optimizers
+        from distsplat.train.losses import photometric_loss
+
+        gt = torch.rand(1, H, W, 3, device=trainer.device)
+        params = {k: torch.nn.Parameter(v.detach().clone()) for k, v in trainer.params.items()}
+        opts = create_optimizers(torch.nn.ParameterDict(params), global_batch=1, scene_scale=trainer.scene_scale)
+
+        def gsplat_step():
+            """One training step written with gsplat.rasterization as gsplat's simple_trainer
+            renders (packed=False, its default), our loss (trainer.ssim_impl) and Adam; no
+            densification, no progress-bar read (gsplat's trainer adds loss.item() per step)."""
+            from gsplat import rasterization
+
+            a = activated(params, cfg.sh_degree)
+            c, _, _ = rasterization(a["means"], a["quats"], a["scales"], a["opacities"], a["colors"],
+                                    viewmats, Ks, W, H, sh_degree=cfg.sh_degree, packed=False)
+            photometric_loss(c, gt, cfg.ssim_lambda, trainer.ssim_impl).backward()
+            for o in opts.values():
+                o.step()
+                o.zero_grad(set_to_none=True)
+
+        for fn in (ours, theirs, gsplat_step):  # warm-up: kernels loaded, caches filled
             fn()
         results["ours_render"] = count_syncs(ours)
         results["gsplat"] = count_syncs(theirs)
+        results["gsplat_step"] = count_syncs(gsplat_step)
     finally:
         trainer.cleanup()
     payload = {
@@ -124,7 +149,8 @@ def main() -> None:
         "counted_step": warmup, "syncs": results,
         "claim": ("distsplat's distributed layer adds one sync per forward (the count transfer); gsplat's "
                   "packed projection does one .item() of its own (its isect_tiles' .item() is not reported "
-                  "by the debug mode); the trainer adds the divergence check's one read (--max_bad_steps)"),
+                  "by the debug mode); the trainer adds the divergence check's one read (--max_bad_steps). "
+                  "gsplat_step is the trainer's counterpart written with gsplat.rasterization(packed=False)"),
     }
     path = write_result("host_syncs_cuda", payload)
     print("host syncs per step: " + ", ".join(f"{k} {v['count']}" for k, v in results.items()) + f" -> {path}")
