@@ -119,8 +119,19 @@ if ext_current; then
 elif [ "${NO_BUILD:-0}" = 1 ]; then
     echo "== .gsplat_ext missing or stale; NO_BUILD=1: not building"
 else
-    echo "== building gsplat's CUDA extension (scripts/build_gsplat_ext.sh; ~20-40 min on one core)"
+    echo "== building gsplat's CUDA extension (scripts/build_gsplat_ext.sh, JOBS files at once: 4.6 min with 2 here)"
     scripts/build_gsplat_ext.sh
+fi
+
+# ---------------------------------------------------------------------------------------
+# 3a. MAKE_TORCH312_SITE=1: torch 2.11.0+cu130 for CPython 3.12 in the cache (importing it
+#     needs no GPU), which the peer's fused-ssim build (3b) and the load test (5) use.
+torch_site="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/py312-torch-site"
+if [ "${MAKE_TORCH312_SITE:-0}" = 1 ] && [ ! -d "$torch_site/torch" ] && [ -x "$PY312/bin/python3" ]; then
+    echo "== installing torch==2.11.0 and its CUDA libraries for Python 3.12 into $torch_site (~2.6 GB)"
+    "$PY312/bin/python3" -m pip install -q --no-cache-dir --no-compile --target "$torch_site" torch==2.11.0 2>&1 \
+        | grep -v "^WARNING: Location\|WARNING: Running pip as\|pip version\|pip install --upgrade" || true
+    [ -d "$torch_site/torch" ] || die "could not install torch==2.11.0 for Python 3.12 into $torch_site"
 fi
 
 # ---------------------------------------------------------------------------------------
@@ -189,11 +200,6 @@ print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version_
     # With a CPython 3.12 torch 2.11.0+cu130 (importing it needs no GPU): gsplat imports, and
     # the prebuilt extension loads through distsplat's gsplat_ext as on the device
     # (scripts/load_test_gsplat_ext.py; recorded in benchmarks/results/gsplat_compile_sm90.json).
-    torch_site="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/py312-torch-site"
-    if [ "${MAKE_TORCH312_SITE:-0}" = 1 ] && [ ! -d "$torch_site/torch" ]; then
-        echo "== installing torch==2.11.0 and its CUDA libraries for Python 3.12 into $torch_site (~2.6 GB)"
-        "$PY312/bin/python3" -m pip install -q --no-cache-dir --no-compile --target "$torch_site" torch==2.11.0 2>&1 | quiet
-    fi
     if [ -d "$torch_site/torch" ] && [ -f .gsplat_ext/build_info.json ]; then
         PYTHONPATH="$site:$torch_site:$REPO_ROOT" "$PY312/bin/python3" -c "import gsplat; print('   gsplat', gsplat.__version__, 'imports on Python 3.12')" \
             || die "gsplat does not import on Python 3.12 from the carried wheels"
