@@ -18,8 +18,9 @@ parameters per Gaussian (means 3, scales 3, quats 4, opacities 1, sh0 3, shN 3(K
 float32, sh_degree 3 (K = 16, P = 59): B = 4 (236 + 104 + 4) = 1376 bytes (default), 1368
 (MCMC). With --app_opt the colour rows are features [32] and colours [3] instead of SH
 (P = 11 + 35 = 46, the activated copies 2 (4 + 35)): the code reads each row's width from
-the parameters themselves, so either layout is counted as it is. Growth also copies one parameter at a time (torch.cat keeps the old tensor alive
-while the new one is built), so a growth of n_new Gaussians on a rank holding N needs
+the parameters themselves, so either layout is counted as it is. Growth also copies one
+parameter at a time (torch.cat keeps the old tensor alive while the new one is built), so a
+growth of n_new Gaussians on a rank holding N needs
 
     estimate = n_new * B + N * R,     R = the widest parameter row (shN: 4 * 45 = 180 bytes)
 

@@ -212,18 +212,18 @@ class Trainer:
         self.memory_guard.check_setup(self.params, self.optimizers, self.strategy_state)
 
     # -------------------------------------------------------------- schedule
+    def _batch_pos(self, step: int) -> Tuple[int, int]:
+        """(epoch, step within it) of training step `step` in the batcher's sequence."""
+        return divmod(self.batch_start + step - self.start_step, self.batcher.steps_per_epoch)
+
     def _batch(self, step: int) -> CameraBatch:
         """The global batch of training step `step` (a pure function: the loader asks ahead)."""
-        pos = self.batch_start + step - self.start_step
-        spe = self.batcher.steps_per_epoch
-        return self.batcher.batch(pos // spe, pos % spe)
+        return self.batcher.batch(*self._batch_pos(step))
 
     def _own_cameras(self, step: int) -> List[int]:
         """This rank's scene cameras of training step `step` (the image loader's schedule)."""
-        pos = self.batch_start + step - self.start_step
-        spe = self.batcher.steps_per_epoch
         train = self.train_idx.numpy()  # a view: per-step lookups without torch ops
-        return [int(train[c]) for c in self.batcher.own_batch(pos // spe, pos % spe, self.ctx.rank)]
+        return [int(train[c]) for c in self.batcher.own_batch(*self._batch_pos(step), self.ctx.rank)]
 
     def _means_lr(self, step: int) -> float:
         """gsplat's schedule: the means' lr decays exponentially to 1% over the run."""
@@ -509,10 +509,9 @@ class Trainer:
                 payload["app_opt"] = app_state
 
         def finalize() -> None:  # rank 0, once every shard is written
-            pos = self.batch_start + step - self.start_step
-            spe = self.batcher.steps_per_epoch
+            epoch, in_epoch = self._batch_pos(step)
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
-                     "batcher": {**self.batcher.state_dict(), "epoch": pos // spe, "step": pos % spe}}
+                     "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch}}
             ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
             newer = ck.newer_checkpoints(root, step)
             if newer and not self._warned_newer:
