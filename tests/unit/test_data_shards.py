@@ -126,3 +126,46 @@ def test_damaged_image_errors_say_how_to_repair_it(tmp_path):
             msg = str(e.value)
             assert msg.startswith(where) and what in msg and fix in msg, msg
         assert "re-copy" not in str(up_front.value) or src is folder
+
+
+class _CountingSource:
+    """A FolderSource that counts the head bytes the up-front check asks for."""
+
+    def __init__(self, inner):
+        self.inner, self.head_bytes = inner, []
+
+    def peek(self, index, head):
+        self.head_bytes.append(head)
+        return self.inner.peek(index, head)
+
+    def where(self, index):
+        return self.inner.where(index)
+
+
+def test_header_probe_reads_16k_unless_the_header_is_further(tmp_path):
+    """probe_images reads the first 16 KiB of each image, and up to 256 KiB only when the
+    header lies further (a 100 KB ICC profile before the JPEG's frame header): the right size
+    either way, an image whose header is not there still an error naming it."""
+    import io
+
+    from PIL import Image
+
+    from distsplat.data import DataError
+    from distsplat.data.decode import FIRST_HEADER_BYTES, HEADER_BYTES, probe_images
+    from distsplat.data.sources import FolderSource
+
+    rng = np.random.default_rng(0)
+    pixels = Image.fromarray(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8))
+    plain, profiled, garbage = tmp_path / "plain.jpg", tmp_path / "profiled.jpg", tmp_path / "garbage.jpg"
+    pixels.save(plain, quality=95)  # ~100 KB: bigger than the first read
+    pixels.save(profiled, quality=95, icc_profile=bytes(rng.integers(0, 255, 100_000, dtype=np.uint8)))
+    garbage.write_bytes(b"\xff\xd8\xff" + bytes(rng.integers(0, 255, 40_000, dtype=np.uint8)) + b"\xff\xd9")
+    assert plain.stat().st_size > FIRST_HEADER_BYTES
+    with pytest.raises(Exception):  # the case exists: the first 16 KiB of it hold no frame header
+        Image.open(io.BytesIO(profiled.read_bytes()[:FIRST_HEADER_BYTES]))
+    src = _CountingSource(FolderSource([plain, profiled, garbage]))
+    assert probe_images(src, [0]) == [(400, 300)] and src.head_bytes == [FIRST_HEADER_BYTES]
+    src.head_bytes.clear()
+    assert probe_images(src, [1]) == [(400, 300)] and src.head_bytes == [FIRST_HEADER_BYTES, HEADER_BYTES]
+    with pytest.raises(DataError, match="garbage.jpg: not a readable image"):
+        probe_images(src, [2])
