@@ -386,6 +386,11 @@ def data_factor_zero(b: Bench):
     return ["--data_dir", str(b.colmap()), "--data_factor", "0"]
 
 
+@case("--with_ut is a flag of gsplat's trainer that distsplat does not take: 3DGUT rendering")
+def gsplat_only_flag(b: Bench):
+    return [*TINY_FLAGS, "--with_ut"]
+
+
 @case("--batch_size must be >= 1, got 0")
 def batch_size_zero(b: Bench):
     return [*TINY_FLAGS, "--batch_size", "0"]
