@@ -29,6 +29,13 @@ DEFAULT_TIMEOUT_S = 150.0
 # Collectives give up well before the harness does, so a desynchronised group shows up
 # as a rank's error message rather than only as a kill.
 COLLECTIVE_TIMEOUT_S = 60.0
+# What the forkserver imports once, so that a rank costs a fork and not these imports.
+# torch._dynamo is the big one (~1 s of CPU): torch.optim.Adam's constructor imports it on
+# first use, i.e. in every rank that builds optimizers. None of these touches CUDA, so the
+# forkserver's children may still use it. One list for every forkserver user in this
+# folder (there is one forkserver per test process; whoever starts it first sets it).
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "scipy.spatial", "distsplat.distributed", "distsplat.render",
+                      "distsplat.train.trainer", "distsplat.train.checkpoint"]
 
 
 class WorkerFailure(AssertionError):
@@ -75,7 +82,7 @@ def run_workers(worker: str, world_size: int, *args: Any,
     puts every rank on one GPU in shared-GPU mode (tests/cuda); the forkserver never
     touches CUDA, so its children may."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "distsplat.distributed", "distsplat.render"])
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     sys_path = [str(HERE)] + sys.path
     with tempfile.TemporaryDirectory(prefix="distsplat-test-") as out_dir:
         port = free_port()

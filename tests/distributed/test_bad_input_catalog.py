@@ -10,7 +10,8 @@ for checkpoint cases, a checkpoint folder are there before the run; nothing chan
 nothing appears; an error found mid-training may leave what setup wrote, cfg.yml and tb/).
 
 Scenes are tiny (12 cameras of 32x24): a good COLMAP and a good Blender scene are built
-once per module and copied into each case's tmp_path, where the case breaks them.
+once per module and copied into each case's own folder, where the case breaks them. The
+cases' runs are started ahead, two at a time (`launched`); each test asserts on its own.
 With DISTSPLAT_CATALOG_LOG=path, each case appends {"case", "seconds", "message"} to path
 (JSON lines), the observed messages listed in the issue's closing note.
 """
@@ -22,6 +23,7 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -561,16 +563,24 @@ def log_case(case_id: str, seconds: float, message: Optional[str]) -> None:
             f.write(json.dumps({"case": case_id, "seconds": round(seconds, 1), "message": message}) + "\n")
 
 
-@pytest.mark.parametrize(
-    "build, message",
-    [pytest.param(build, message, id=name, marks=marks) for name, (build, message, marks) in CASES.items()],
-)
-def test_bad_input(scenes, tmp_path, request, build, message):
-    out = tmp_path / "run"
+@dataclass
+class Outcome:
+    """One case's run: the bench it broke, the CLI's result, how long it took and the
+    result dir before and after."""
+    bench: Bench
+    proc: subprocess.CompletedProcess
+    seconds: float
+    before: Dict[str, Optional[bytes]]
+    after: Dict[str, Optional[bytes]]
+
+
+def run_case(scenes: Dict[str, Path], tmp: Path, build: Callable[[Bench], List[str]]) -> Outcome:
+    """Builds the case's broken input under tmp and runs the CLI on it."""
+    out = tmp / "run"
     for rel, data in KEEP.items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_bytes(data)
-    b = Bench(tmp_path, out, scenes)
+    b = Bench(tmp, out, scenes)
     listener = None
     if build is viewer_port_in_use:  # someone else serves on the port
         listener = socket.socket()
@@ -593,8 +603,46 @@ def test_bad_input(scenes, tmp_path, request, build, message):
             listener.close()
         if out.exists():
             out.chmod(0o755)
+    return Outcome(b, p, seconds, before, snapshot(out))
+
+
+# Cases run two at a time: a case is mostly process start-up and exit (torchrun's launcher,
+# then its ranks, then the launcher again), phases in which one of CI's two cores idles.
+AHEAD = 2
+
+
+@pytest.fixture(scope="module")
+def launched(scenes, request, tmp_path_factory):
+    """{case id: Future of its Outcome}: every case this session runs (as selected, and not
+    skipped), started in collection order, AHEAD at a time, so that the next case's
+    run overlaps the current one. Each case still has its own folders and its own run,
+    and its test asserts on that run alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def skipped(item) -> bool:
+        return any(item.iter_markers("skip")) or any(m.args and m.args[0] for m in item.iter_markers("skipif"))
+
+    ids = [item.callspec.id for item in request.session.items
+           if item.module is request.module and getattr(item, "originalname", "") == "test_bad_input"
+           and not skipped(item)]
+    pool = ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="catalog")
+    futures = {i: pool.submit(run_case, scenes, tmp_path_factory.mktemp(i), CASES[i][0]) for i in ids}
+    try:
+        yield futures
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [pytest.param(build, message, id=name, marks=marks) for name, (build, message, marks) in CASES.items()],
+)
+def test_bad_input(launched, scenes, tmp_path, request, build, message):
+    case_id = request.node.callspec.id
+    run = launched[case_id].result() if case_id in launched else run_case(scenes, tmp_path, build)
+    p, seconds, before, after = run.proc, run.seconds, run.before, run.after
     line = error_line(p.stderr, message)
-    log_case(request.node.callspec.id, seconds, line or next(
+    log_case(case_id, seconds, line or next(
         (x for x in p.stderr.splitlines() if x.startswith("distsplat: error")), None))
     tail = p.stderr[-4000:]
     assert p.returncode != 0, tail
@@ -603,8 +651,7 @@ def test_bad_input(scenes, tmp_path, request, build, message):
     assert line.startswith("distsplat: error: ") or "rank 1" in line, line  # rank 0's, or names the rank
     unexplained = unexplained_tracebacks(p.stderr)
     assert not unexplained, unexplained[0]
-    after = snapshot(out)
-    if b.started:  # the run got past setup; what it wrote then may stay, nothing else
+    if run.bench.started:  # the run got past setup; what it wrote then may stay, nothing else
         after = {k: v for k, v in after.items() if k.split("/")[0] not in STARTED}
     changed = sorted(k for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0))
     assert not changed, f"the result dir changed: {changed}"

@@ -29,6 +29,7 @@ import ckpt_writer as cw
 from distsplat.distributed import chunk_bounds
 from distsplat.train import checkpoint as ck
 
+from harness import FORKSERVER_PRELOAD
 from torchrun_cli import TINY_FLAGS, TRAINER, REPO, torchrun
 
 HERE = Path(__file__).resolve().parent
@@ -71,7 +72,7 @@ def check_after_kill(root: Path, before: List[int]) -> List[int]:
 
 def start_writer(root: Path, steps: List[int], **kwargs) -> mp.Process:
     ctx = mp.get_context("forkserver")  # a writer costs a fork, not a torch import
-    ctx.set_forkserver_preload(["torch", "distsplat.distributed", "distsplat.render", "distsplat.train.checkpoint"])
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     ready = ctx.Event()
     proc = ctx.Process(target=cw.write_loop, args=(str(root), steps),
                        kwargs=dict(ready=ready, sys_path=[str(HERE)] + sys.path, **kwargs))

@@ -86,11 +86,34 @@ def test_a_sigkill_mid_step_ends_the_job_naming_the_rank(tmp_path, nproc, victim
         assert f"rank {victim} reported no error: killed" in line, line
 
 
+HUNG_TEST = "test_a_hung_rank_ends_the_job_at_the_collective_timeout_naming_it"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hung_run(request, tmp_path_factory):
+    """The hung-rank job, started in the background when this module starts (if its test
+    was selected): it spends most of its time waiting out the collective timeout, with
+    the CPU idle, so the other tests' jobs run meanwhile. Its own test waits for it and
+    asserts on it alone (its own result dir and rendezvous, as every job here)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not any(item.module is request.module and getattr(item, "originalname", "") == HUNG_TEST
+               for item in request.session.items):
+        yield None
+        return
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hung")
+    future = pool.submit(run_fault, tmp_path_factory.mktemp("hung"), "hang:1:5", 2, 15)
+    try:
+        yield future
+    finally:
+        pool.shutdown(wait=True)
+
+
 @pytest.mark.slow
-def test_a_hung_rank_ends_the_job_at_the_collective_timeout_naming_it(tmp_path):
+def test_a_hung_rank_ends_the_job_at_the_collective_timeout_naming_it(hung_run):
     # Rank 1 stays alive but stops (a deadlock, a stuck file system): the others' collective
     # times out after DISTSPLAT_TIMEOUT_S, they name rank 1, and torchrun stops it.
-    p, seconds = run_fault(tmp_path, "hang:1:5", 2, timeout_s=15)
+    p, seconds = hung_run.result()  # run_fault(tmp_path, "hang:1:5", 2, timeout_s=15), begun at the module's start
     assert p.returncode != 0 and 15 < seconds < 60, (seconds, p.stderr[-3000:])
     (line,) = our_lines(p.stderr)
     assert line.startswith("distsplat: rank 0 stopped at step 5 because a peer failed (Timed out"), line

@@ -125,7 +125,38 @@ def train_with_viewer(ctx: DistContext, port: int, result_dir: str, max_steps: i
     cfg.init_type, cfg.init_num_pts, cfg.init_extent = "random", 600, 0.4
     cfg.sh_degree, cfg.num_workers, cfg.log_every = 0, 1, 25
     cfg.viewer_res, cfg.viewer_budget = 96, 0.3
-    metrics = run(cfg, extensions=[attach_live_viewer])
+    metrics = run(cfg, extensions=[_with_a_browser_from_step_1(attach_live_viewer)])
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
+def _with_a_browser_from_step_1(attach, settle_s: float = 2.0, wait_s: float = 40.0):
+    """`attach` (the CLI's viewer extension), plus a hook that holds rank 0 after step 1
+    until a browser has stayed connected for settle_s (at most wait_s, below the collective
+    timeout; the other ranks wait in step 2's collectives). The viewer itself waits for
+    nobody, so without it the test raced Chromium's start against training: a machine that
+    trained the 50 steps before the page showed left nothing to see or pause. settle_s
+    lets the test's page-load loop (which reloads the page until the panel shows) finish
+    before training goes on. The browser arrives once, at the start: what the test checks
+    (frames, pause and resume, the browser leaving mid-run) all happens after."""
+    def extension(cfg, ctx, trainer):
+        close = attach(cfg, ctx, trainer)
+        viewer = trainer.step_hooks[-1].__self__  # the LiveViewer whose on_step attach added
+        waited = []
+
+        def wait_for_a_browser(trainer, step):
+            if waited or viewer.server is None:  # once, on rank 0 (the one that serves)
+                return
+            deadline, since = time.monotonic() + wait_s, None
+            while time.monotonic() < deadline:
+                if not viewer.server.has_browsers():
+                    since = None
+                elif since is None:
+                    since = time.monotonic()
+                elif time.monotonic() - since >= settle_s:
+                    break
+                time.sleep(0.05)
+            waited.append(step)
+
+        trainer.step_hooks.insert(len(trainer.step_hooks) - 1, wait_for_a_browser)
+        return close
+    return extension
