@@ -19,8 +19,9 @@
 #
 # Environment (defaults): SHARED_DATA (/work/shared/data), PY312 (/root/.pyenv/versions/3.12.1,
 # used to test the install), SKIP_INSTALL_TEST (0), LIMIT_MIB (64), NO_BUILD (0: build the
-# extension when missing or stale), MAKE_TORCH312_SITE (0; 1: install torch 2.11.0+cu130 for
-# Python 3.12 into the cache so the extension's load test can run here).
+# extension when missing or stale), MAKE_TORCH312_SITE (1: install torch 2.11.0+cu130 for
+# Python 3.12 into the cache, ~2.6 GB once: the peer's fused-ssim build and the extension's
+# load test need it; 0: neither runs, and .gsplat_peer is not built).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -124,10 +125,11 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------
-# 3a. MAKE_TORCH312_SITE=1: torch 2.11.0+cu130 for CPython 3.12 in the cache (importing it
-#     needs no GPU), which the peer's fused-ssim build (3b) and the load test (5) use.
+# 3a. MAKE_TORCH312_SITE=1 (the default): torch 2.11.0+cu130 for CPython 3.12 in the cache
+#     (importing it needs no GPU), which the peer's fused-ssim build (3b) and the load test (5) use.
 torch_site="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/py312-torch-site"
-if [ "${MAKE_TORCH312_SITE:-0}" = 1 ] && [ ! -d "$torch_site/torch" ] && [ -x "$PY312/bin/python3" ]; then
+if [ "${MAKE_TORCH312_SITE:-1}" = 1 ] && [ "${NO_BUILD:-0}" != 1 ] && [ ! -d "$torch_site/torch" ] \
+   && [ -x "$PY312/bin/python3" ]; then
     echo "== installing torch==2.11.0 and its CUDA libraries for Python 3.12 into $torch_site (~2.6 GB)"
     "$PY312/bin/python3" -m pip install -q --no-cache-dir --no-compile --target "$torch_site" torch==2.11.0 2>&1 \
         | grep -v "^WARNING: Location\|WARNING: Running pip as\|pip version\|pip install --upgrade" || true
@@ -140,6 +142,8 @@ fi
 #     nerfview and fused-ssim, and the Python 3.12 torch site).
 if [ "${NO_BUILD:-0}" = 1 ]; then
     [ -f .gsplat_peer/BUILD.json ] || echo "== .gsplat_peer missing; NO_BUILD=1: not building (benchmarks/gsplat_peer.py cannot run)"
+elif [ ! -d "$torch_site/torch" ]; then
+    echo "== .gsplat_peer not built: no Python 3.12 torch at $torch_site (MAKE_TORCH312_SITE=0); gsplat_peer.py and the fused-ssim tests cannot run"
 else
     OUT_DIR="$REPO_ROOT/.gsplat_peer" scripts/prepare_gsplat_peer.sh 2>&1 | grep -v "UserWarning: Failed to initialize NumPy\|_conversion_method_template" \
         || die "scripts/prepare_gsplat_peer.sh failed"
@@ -207,7 +211,7 @@ print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version_
             && echo "   the prebuilt extension loads on Python 3.12 + torch 2.11.0+cu130: $(tail -n 1 /tmp/gpu_prepare_load_test.log | cut -c1-60)..." \
             || { cat /tmp/gpu_prepare_load_test.log; die "the prebuilt extension did not load (see above)"; }
     else
-        echo "   (no Python 3.12 torch at $torch_site: gsplat import and the extension's load test skipped; MAKE_TORCH312_SITE=1 makes one)"
+        echo "   (no Python 3.12 torch at $torch_site: gsplat import and the extension's load test skipped; MAKE_TORCH312_SITE=1, the default, makes one)"
     fi
     rm -rf "$site"
 fi

@@ -47,7 +47,7 @@ PYCOLMAP_GIT=$(mirror rmbrualla+pycolmap)
 NERFVIEW_GIT=$(mirror nerfstudio-project+nerfview)
 FUSED_SSIM_GIT=$(mirror rahul-goel+fused-ssim)
 [ -x "$PY312/bin/python3" ] || die "no CPython 3.12 at $PY312 (set PY312)"
-[ -d "$TORCH_SITE/torch" ] || die "no torch for Python 3.12 at $TORCH_SITE: run MAKE_TORCH312_SITE=1 scripts/gpu_prepare.sh"
+[ -d "$TORCH_SITE/torch" ] || die "no torch for Python 3.12 at $TORCH_SITE: run scripts/gpu_prepare.sh (MAKE_TORCH312_SITE=1, its default, makes it)"
 [ -x "$CUDA_HOME/bin/nvcc" ] || die "no nvcc at $CUDA_HOME/bin/nvcc (set CUDA_HOME)"
 
 # What the build depends on: this script and the pins. Same key -> nothing to do.
