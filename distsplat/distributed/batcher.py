@@ -98,17 +98,22 @@ class CameraBatcher:
             ])
         return self._orders[1]
 
-    def batch(self, epoch: int, step: int) -> CameraBatch:
-        """The batch of (epoch, step), a pure function of the constructor arguments."""
+    def _slots(self, epoch: int, step: int) -> Tuple[List[np.ndarray], np.ndarray]:
+        """(every shard's order in `epoch`, the k slots of `step` in each): a shard's cameras
+        of the batch are order[slots % len(order)] (a short shard wraps around)."""
         if not 0 <= step < self.steps_per_epoch or epoch < 0:
             raise ValueError(
                 f"CameraBatcher: need epoch >= 0 and 0 <= step < {self.steps_per_epoch}, "
                 f"got epoch={epoch}, step={step}"
             )
         k = self.cameras_per_rank
-        slots = np.arange(step * k, (step + 1) * k)
-        cameras = np.concatenate([order[slots % len(order)] for order in self._epoch_orders(epoch)])
-        owner = np.repeat(np.arange(self.world_size, dtype=np.int64), k)
+        return self._epoch_orders(epoch), np.arange(step * k, (step + 1) * k)
+
+    def batch(self, epoch: int, step: int) -> CameraBatch:
+        """The batch of (epoch, step), a pure function of the constructor arguments."""
+        orders, slots = self._slots(epoch, step)
+        cameras = np.concatenate([order[slots % len(order)] for order in orders])
+        owner = np.repeat(np.arange(self.world_size, dtype=np.int64), self.cameras_per_rank)
         return CameraBatch(torch.from_numpy(cameras.astype(np.int64)), torch.from_numpy(owner),
                            epoch, step)
 
@@ -116,14 +121,11 @@ class CameraBatcher:
         """`rank`'s cameras of batch (epoch, step), in batch order: the same as
         `batch(epoch, step)`'s cameras[own(rank)], without building the batch (the image
         loader asks this every step, on the host path of a GPU step)."""
-        if not 0 <= step < self.steps_per_epoch or epoch < 0 or not 0 <= rank < self.world_size:
-            raise ValueError(
-                f"CameraBatcher: need epoch >= 0, 0 <= step < {self.steps_per_epoch} and 0 <= rank < "
-                f"{self.world_size}, got epoch={epoch}, step={step}, rank={rank}"
-            )
-        order = self._epoch_orders(epoch)[rank]
-        k = self.cameras_per_rank
-        return [int(order[s % len(order)]) for s in range(step * k, (step + 1) * k)]
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"CameraBatcher: need 0 <= rank < {self.world_size}, got rank={rank}")
+        orders, slots = self._slots(epoch, step)
+        order = orders[rank]
+        return order[slots % len(order)].tolist()
 
     def __iter__(self) -> Iterator[CameraBatch]:
         return self
