@@ -105,25 +105,24 @@ def decode_into(data: Union[bytes, memoryview, np.ndarray], spec: ImageSpec, out
     out[...] = np.asarray(decode_image(data, spec, where))
 
 
+def _read_header(head: bytes) -> Tuple[Optional[Tuple[int, int]], str]:
+    """((width, height), "") from the first bytes of an encoded image, or (None, why not):
+    not an image, or cut before its header ends."""
+    try:
+        with Image.open(io.BytesIO(head)) as im:
+            return im.size, ""
+    except UnidentifiedImageError:  # its message names the BytesIO, not the file
+        return None, f"starts with {head[:8]!r}, the header of no image format Pillow reads"
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
 def header_size(head: bytes, where: str) -> Tuple[int, int]:
     """(width, height) from the first bytes of an encoded image."""
-    try:
-        with Image.open(io.BytesIO(head)) as im:
-            return im.size
-    except UnidentifiedImageError:  # its message names the BytesIO, not the file
-        why = f"starts with {head[:8]!r}, the header of no image format Pillow reads"
-    except Exception as e:
-        why = f"{type(e).__name__}: {e}"
-    raise DataError(f"{where}: not a readable image ({why}); {repair_of(where)}")
-
-
-def _size_if_found(head: bytes) -> Optional[Tuple[int, int]]:
-    """(width, height) when `head` holds the whole header, else None."""
-    try:
-        with Image.open(io.BytesIO(head)) as im:
-            return im.size
-    except Exception:  # cut before the header ends (or not an image: header_size says which)
-        return None
+    size, why = _read_header(head)
+    if size is None:
+        raise DataError(f"{where}: not a readable image ({why}); {repair_of(where)}")
+    return size
 
 
 def is_jpeg(head: bytes) -> bool:
@@ -175,12 +174,10 @@ def probe_images(source, indices: Sequence[int]) -> list:
         where = source.where(i)
         head, tail = source.peek(i, FIRST_HEADER_BYTES)
         check_truncated(head, tail, where)  # first: a cut can also break the header
-        size = _size_if_found(head)
-        if size is None:  # a header past the first bytes (big EXIF), or none: read more, or say why
-            if len(head) == FIRST_HEADER_BYTES:
-                head, _ = source.peek(i, HEADER_BYTES)
-            size = header_size(head, where)
-        sizes.append(size)
+        size, _ = _read_header(head)
+        if size is None and len(head) == FIRST_HEADER_BYTES:  # a header past the first bytes (big EXIF)
+            head, _ = source.peek(i, HEADER_BYTES)
+        sizes.append(size or header_size(head, where))  # a DataError saying why when there is none
     return sizes
 
 
