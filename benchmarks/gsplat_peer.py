@@ -122,16 +122,15 @@ def stub_lpips() -> None:
 
 def reset_repaired(step_post_backward: Callable[..., None]) -> Callable[..., None]:
     """gsplat's DefaultStrategy.step_post_backward followed by the opacity reset its code
-    intends (point 5 of the module doc): at 0 < step < refine_stop_iter with step a multiple
-    of reset_every, opacities are clamped to 2 * prune_opa by gsplat's own reset_opa (which
-    also zeroes their Adam moments), as distsplat's DefaultStrategy does."""
-    from gsplat.strategy.ops import reset_opa
+    intends (point 5 of the module doc): distsplat's own rule and call,
+    distsplat.train.strategies.reset_opacities_if_due (gsplat's reset_opa at 0 < step <
+    refine_stop_iter, step a multiple of reset_every)."""
+    from distsplat.train.strategies import reset_opacities_if_due
 
     def step_post_backward_with_reset(self: Any, params: Any, optimizers: Any, state: Any, step: int,
                                       info: Any, packed: bool = False) -> None:
         step_post_backward(self, params, optimizers, state, step, info, packed=packed)
-        if 0 < step < self.refine_stop_iter and step % self.reset_every == 0:
-            reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
+        reset_opacities_if_due(self, params, optimizers, state, step)
 
     return step_post_backward_with_reset
 

@@ -34,9 +34,19 @@ from gsplat.strategy.ops import reset_opa
 from .gaussians import ADDED, RELOCATED, derive_ids
 from .strategy_ops import duplicate_with_ids, ids_of, split_with_ids
 
-__all__ = ["DefaultStrategy", "MCMCStrategy"]
+__all__ = ["DefaultStrategy", "MCMCStrategy", "reset_opacities_if_due"]
 
 GrowthCheck = Callable[[Dict[str, torch.Tensor], int], bool]
+
+
+def reset_opacities_if_due(strategy: GsplatDefaultStrategy, params, optimizers, state: Dict[str, Any],
+                           step: int) -> None:
+    """The opacity reset gsplat's DefaultStrategy intends (module doc): every `reset_every`
+    steps before `refine_stop_iter`, opacities are clamped to 2 * prune_opa by gsplat's
+    reset_opa (which also zeroes their Adam moments). Also what benchmarks/gsplat_peer.py's
+    PEER_RESET=1 adds to gsplat's own trainer."""
+    if 0 < step < strategy.refine_stop_iter and step % strategy.reset_every == 0:
+        reset_opa(params=params, optimizers=optimizers, state=state, value=strategy.prune_opa * 2.0)
 
 
 @dataclass
@@ -58,8 +68,7 @@ class DefaultStrategy(GsplatDefaultStrategy):
         packed: bool = False,
     ) -> None:
         super().step_post_backward(params, optimizers, state, step, info, packed=packed)
-        if 0 < step < self.refine_stop_iter and step % self.reset_every == 0:
-            reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
+        reset_opacities_if_due(self, params, optimizers, state, step)
 
     def initialize_state(self, scene_scale: float = 1.0, seed: int = 0) -> Dict[str, Any]:
         """gsplat's state plus "uid" (set by the trainer, else numbered at first growth)
