@@ -332,14 +332,16 @@ def section_capture_gpu() -> Optional[str]:
         ps = peer["summary"]
         rows.append([strategy, "distsplat W=1" + stale_mark(ours), f"{ours['psnr']:.2f}", f"{ours['ssim']:.4f}",
                      ours["num_GS"], f"{ours['elapsed']:.1f}", f"{ours['peak_gpu_mem_gib']:.2f}", f"`{ours['commit'][:7]}`"])
-        rows.append([strategy, "gsplat 1.5.3 simple_trainer" + stale_mark(peer), f"{ps['psnr']:.2f}", f"{ps['ssim']:.4f}",
-                     ps["num_GS"], f"{ps['train_seconds']:.1f}", f"{ps['peak_mem_allocated_GiB']:.2f}", "(peer)"])
+        def peer_row(label: str, d: Dict[str, Any]) -> List[Any]:
+            q = d["summary"]
+            return [strategy, label + stale_mark(d), f"{q['psnr']:.2f}", f"{q['ssim']:.4f}", q["num_GS"],
+                    f"{q['train_seconds']:.1f}", f"{q['peak_mem_allocated_GiB']:.2f}", "(peer)"]
+
+        rows.append(peer_row("gsplat 1.5.3 simple_trainer", peer))
         fixed = load(f"gsplat_peer_{strategy}_reset")  # PEER_RESET=1: gsplat with the opacity reset repaired
         if fixed is not None:
             fs = fixed["summary"]
-            rows.append([strategy, "gsplat 1.5.3 simple_trainer, opacity reset repaired (PEER_RESET=1)" + stale_mark(fixed),
-                         f"{fs['psnr']:.2f}", f"{fs['ssim']:.4f}", fs["num_GS"], f"{fs['train_seconds']:.1f}",
-                         f"{fs['peak_mem_allocated_GiB']:.2f}", "(peer)"])
+            rows.append(peer_row("gsplat 1.5.3 simple_trainer, opacity reset repaired (PEER_RESET=1)", fixed))
         if rerun is not None:
             rows.append([strategy, "distsplat W=1, re-run (another machine start)" + stale_mark(rerun),
                          f"{rerun['psnr']:.2f}", f"{rerun['ssim']:.4f}", rerun["num_GS"], f"{rerun['elapsed']:.1f}",
