@@ -56,6 +56,7 @@ from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
 from ..data.heap import TRIM_FROM, trim_heap
+from ..profiling import StepRanges
 from .scene_setup import checks_own_images, load_scene, scene_scale
 from .size_groups import group_cameras, group_images, merge_meta, size_groups
 from .node_data import check_own_images
@@ -86,6 +87,7 @@ class Trainer:
         self._warned_newer = False
         self.saves = SaveGuard(ctx, self.device, self.result_dir / "ckpts")  # a full disk skips a save
         self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps)  # NaN/Inf steps are skipped
+        self.ranges = StepRanges()  # named parts of train_step for torch.profiler (benchmarks time them)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -302,6 +304,7 @@ class Trainer:
 
     def train_step(self, step: int) -> Optional[Tensor]:
         cfg = self.cfg
+        self.ranges("train/batch")
         batch = self._batch(step)
         images = next(self.loader)
         C = len(batch.cameras)
@@ -324,6 +327,7 @@ class Trainer:
         groups = size_groups(*sizes, batch.camera_owner, self.ctx.rank)
         loss, metas = 0.0, []
         for grp in groups:
+            self.ranges("train/render")
             colors, _, meta = distributed_rasterize(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
                 grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.select(owner),
@@ -332,6 +336,7 @@ class Trainer:
                 render_mode="RGB" if self.depth is None else "RGB+ED",
             )
             metas.append(meta)
+            self.ranges("train/loss")
             gt = group_images(images, grp).to(self.device).float() / 255.0  # [C_own_g, H, W, 3] (already there)
             loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda, self.ssim_impl) / C
             if self.depth is not None:  # expected depth in the 4th channel
@@ -342,9 +347,11 @@ class Trainer:
         if cfg.scale_reg > 0:
             loss = loss + cfg.scale_reg * g["scales"].sum() / (3 * self.n_all)
         self.strategy.step_pre_backward(self.params, self.optimizers, self.strategy_state, step, meta)
+        self.ranges("train/backward")
         loss.backward()
         learned = self.params if self.pose is None else {**self.params, "pose": self.pose.deltas}
         learned = learned if self.app is None else {**learned, **self.app.grads()}
+        self.ranges("train/divergence")
         if self.divergence.bad_step(step, loss, learned):  # on any rank: no update, no densify
             for opt in self.optimizers.values():
                 opt.zero_grad(set_to_none=True)
@@ -352,7 +359,9 @@ class Trainer:
                 self.pose.optimizer.zero_grad(set_to_none=True)
             if self.app is not None:
                 self.app.zero_grad()
+            self.ranges.end()
             return None
+        self.ranges("train/optimizer")
         if self.pose is not None:
             self.pose.step()  # one all-reduce of the corrections' gradient, the same step everywhere
         if self.app is not None:
@@ -362,7 +371,9 @@ class Trainer:
         for opt in self.optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
+        self.ranges("train/densify")
         self._densify(step, meta, lr)
+        self.ranges.end()
         return loss
 
     # ---------------------------------------------------------- densification
