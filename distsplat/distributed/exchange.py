@@ -18,12 +18,15 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from functools import lru_cache
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
 
+from ..profiling import profiled
 from . import staging
 from .context import world_size
 
@@ -45,9 +48,21 @@ ARGUMENTS = (
 )
 FINITE_ARGS = ("means", "quats", "scales", "opacities", "colors", "viewmats", "Ks", "backgrounds")
 
-# Columns of the count matrix each rank sends to every rank.
-COUNT, STATUS, CHECKSUM, NEEDS_GRAD = range(4)
-N_COLUMNS = 4
+# Columns of the count matrix each rank sends to every rank: the rows [BEGIN, END) of its
+# payload that go to that rank, its status, its camera checksum, and LAYOUT: whether
+# gradients flow (bit 0), absgrad (bit 1), the payload's columns (bits 8-23) and how many
+# of them carry gradients (bits 24-39), which must agree for the all-to-all to line up.
+BEGIN, END, STATUS, CHECKSUM, LAYOUT = range(5)
+N_COLUMNS = 5
+
+
+def encode_layout(needs_grad: bool, absgrad: bool, columns: int, grad_columns: int) -> int:
+    return int(needs_grad) | int(absgrad) << 1 | columns << 8 | grad_columns << 24
+
+
+def decode_layout(value: int) -> Tuple[bool, bool, int, int]:
+    """(needs_grad, absgrad, payload columns, gradient columns)."""
+    return bool(value & 1), bool(value >> 1 & 1), value >> 8 & 0xFFFF, value >> 24 & 0xFFFF
 
 
 def encode(kind: int, detail: int = 0) -> int:
@@ -119,42 +134,58 @@ class Counts:
 
     @property
     def send_splits(self) -> List[int]:
-        return [row[COUNT] for row in self.sent]
+        return [row[END] - row[BEGIN] for row in self.sent]
 
     @property
     def recv_splits(self) -> List[int]:
-        return [row[COUNT] for row in self.received]
+        return [row[END] - row[BEGIN] for row in self.received]
 
     def column(self, c: int) -> List[int]:
-        """Every rank's value of a per-rank column (status, checksum, needs_grad)."""
+        """Every rank's value of a per-rank column (status, checksum, layout)."""
         return [row[c] for row in self.received]
 
 
+@lru_cache(maxsize=8)
+def count_buffer(W: int, device: torch.device) -> Tensor:
+    """[2W, N_COLUMNS] int64 on `device`, one per (W, device) for the process: rows [0, W)
+    take what this rank sends (written in place by the caller, e.g. `torch.cat(..., out=)`),
+    rows [W, 2W) what it receives. Reused by every call: no allocation per step, and the
+    host reads both halves in one transfer. A call is done with it once `exchange_counts`
+    returns (the transfer waited for the collective)."""
+    return torch.zeros(2 * W, N_COLUMNS, dtype=torch.int64, device=device)
+
+
 def exchange_counts(
-    send: Tensor,  # [W, N_COLUMNS] int64 on the communication device
-    extra: Tensor,  # [E] int64 on the same device, brought to the host with the counts
+    buffer: Tensor,  # [2W, N_COLUMNS] int64 from count_buffer; rows [0, W) filled
     group: Optional[dist.ProcessGroup] = None,
+    extra: Optional[Tensor] = None,  # [E] int64 on the same device, brought to the host too
 ) -> Counts:
-    """One all-to-all of the count matrix (none at W=1) and ONE device->host transfer of
-    (sent, received, extra) together, counted in staging.host_syncs(). Shared-GPU mode
-    moves (sent, extra) to the host first and exchanges there: still one transfer."""
-    W = send.shape[0]
+    """One all-to-all of the count matrix and ONE device->host transfer of (sent,
+    received, extra) together, counted in staging.host_syncs(). Shared-GPU mode moves
+    (sent, extra) to the host first and exchanges there: still one transfer."""
+    W = buffer.shape[0] // 2
     n = W * N_COLUMNS
-    if world_size(group) > 1 and staging.staged(group):
-        host = staging.to_host(torch.cat([send.reshape(-1), extra]))  # the one transfer
-        recv = torch.empty_like(host[:n])
-        dist.all_to_all_single(recv, host[:n], group=group)  # W rows of N_COLUMNS each
-        flat = torch.cat([host[:n], recv, host[n:]]).tolist()  # host memory: no sync
+    send, recv = buffer[:W], buffer[W:]
+    if staging.staged(group):
+        flat = send.reshape(-1) if extra is None else torch.cat([send.reshape(-1), extra])
+        host = staging.to_host(flat)  # the one transfer
+        got = torch.empty_like(host[:n])
+        dist.all_to_all_single(got, host[:n], group=group)  # W rows of N_COLUMNS each
+        values = host[:n].tolist() + got.tolist() + host[n:].tolist()  # host memory: no sync
     else:
-        if world_size(group) > 1:
-            recv = torch.empty_like(send)
-            dist.all_to_all_single(recv, send, group=group)
-        else:
-            recv = send
+        dist.all_to_all_single(recv, send, group=group)
         staging.count_sync()
-        flat = torch.cat([send.reshape(-1), recv.reshape(-1), extra]).tolist()  # the one transfer
+        both = buffer if extra is None else torch.cat([buffer.reshape(-1), extra])
+        values = both.reshape(-1).tolist()  # the one transfer
     rows = lambda f: [f[i * N_COLUMNS:(i + 1) * N_COLUMNS] for i in range(W)]  # noqa: E731
-    return Counts(rows(flat[:n]), rows(flat[n:2 * n]), flat[2 * n:])
+    return Counts(rows(values[:n]), rows(values[n:2 * n]), values[2 * n:])
+
+
+def exchange_rows(x: Tensor, in_splits: List[int], out_splits: List[int],
+                  group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Rows out by in_splits, rows in by out_splits (not differentiable); `x` itself with
+    one process."""
+    return x if world_size(group) == 1 else _exchange_rows(x, in_splits, out_splits, group)
 
 
 def _exchange_rows(x: Tensor, in_splits: List[int], out_splits: List[int],
@@ -175,30 +206,38 @@ def _exchange_rows(x: Tensor, in_splits: List[int], out_splits: List[int],
 
 
 class _AllToAll(torch.autograd.Function):
-    """Rows of `payload` go to ranks by `send_splits`; rows arrive by `recv_splits`.
-    Backward sends the gradient rows home by the reverse splits: one collective."""
+    """Rows of `payload` go to ranks by `send_splits`; rows arrive by `recv_splits`, returned
+    as (the first `n_grad` columns, the rest). Only the first part is differentiable:
+    backward sends its gradient rows home by the reverse splits (one collective, n_grad
+    columns: integer fields and other columns without a gradient never travel back)."""
 
     @staticmethod
-    def forward(ctx, payload: Tensor, send_splits: List[int], recv_splits: List[int], group):
-        ctx.splits, ctx.group = (send_splits, recv_splits), group
-        return _exchange_rows(payload, send_splits, recv_splits, group)  # [M_recv, F]
+    def forward(ctx, payload: Tensor, n_grad: int, send_splits: List[int], recv_splits: List[int], group):
+        ctx.splits, ctx.group, ctx.columns = (send_splits, recv_splits), group, payload.shape[1]
+        out = _exchange_rows(payload, send_splits, recv_splits, group)  # [M_recv, F]
+        head, tail = out[:, :n_grad], out[:, n_grad:]
+        ctx.mark_non_differentiable(tail)
+        return head, tail
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx, grad_head: Tensor, grad_tail: Optional[Tensor]):
         send_splits, recv_splits = ctx.splits
-        return _exchange_rows(grad_out, recv_splits, send_splits, ctx.group), None, None, None  # [M, F]
+        with profiled("distsplat/payload_exchange_backward"):
+            grad = _exchange_rows(grad_head, recv_splits, send_splits, ctx.group)  # [M, n_grad]
+            grad = F.pad(grad, (0, ctx.columns - grad.shape[1]))  # [M, F]: zeros for the rest
+        return grad, None, None, None, None
 
 
 def all_to_all(
     payload: Tensor,  # [M, F], rows grouped by destination rank
+    n_grad: int,  # the leading columns that carry gradients back
     send_splits: List[int],  # [W] rows for each rank
     recv_splits: List[int],  # [W] rows from each rank
     group: Optional[dist.ProcessGroup] = None,
-) -> Tensor:
-    """Differentiable all-to-all of rows; the identity (no collective) at W=1."""
-    if world_size(group) == 1:
-        return payload
-    return _AllToAll.apply(payload, send_splits, recv_splits, group)
+) -> Tuple[Tensor, Tensor]:
+    """Differentiable all-to-all of rows: ([M_recv, n_grad], [M_recv, F - n_grad]) views of
+    the received rows, the second without gradient."""
+    return _AllToAll.apply(payload, n_grad, send_splits, recv_splits, group)
 
 
 def comm_device(group: Optional[dist.ProcessGroup], fallback: torch.device) -> torch.device:

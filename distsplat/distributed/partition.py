@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .context import all_reduce_sum, rank, world_size
-from .exchange import all_to_all
+from .exchange import exchange_rows
 
 T = TypeVar("T")
 
@@ -118,7 +118,7 @@ def move_rows(
     widths = [f.shape[1] for f in flat]
     dtype = flat[0].dtype if flat else torch.float32
     payload = torch.cat([f.to(dtype) for f in flat], dim=1)  # [N_local, F]
-    received = all_to_all(payload, send, recv, group)  # [N_target, F] in global order
+    received = exchange_rows(payload, send, recv, group)  # [N_target, F] in global order
     n_new = target[me][1] - target[me][0]
     return {
         k: part.reshape((n_new,) + tuple(rows[k].shape[1:])).to(rows[k].dtype)

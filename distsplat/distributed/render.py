@@ -1,35 +1,45 @@
 """`distributed_rasterize`: DESIGN.md's step, forward and backward, for one batch.
 
     project local Gaussians into ALL C batch cameras (render stage a, this rank's chunk)
-      -> count pairs per destination rank (the camera's owner), on the device
-      -> exchange counts (+ status, camera checksum, grad flag): 1 collective, 1 host sync
-      -> one packed float payload per direction: 1 collective (backward: 1, reversed)
+      -> exchange where each rank's rows go (+ status, checksum, layout): 1 collective,
+         1 host transfer
+      -> one packed payload per direction: 1 collective each way
       -> rasterize this rank's own cameras (render stage b) from the pairs it received
 
-Host syncs: this layer adds exactly ONE device->host sync per forward (the count
-transfer) and none in backward, and no pageable host->device copy: the own-camera
-indices are built on the device from the owners it already holds. The render stages have
-their own; with backend gsplat and packed=True, in gsplat 1.5.3's C++ behind its
-_wrapper.py: `fully_fused_projection(packed=True)` -> `_FullyFusedProjectionPacked.forward`
--> `projection_ewa_3dgs_packed_fwd` (csrc/Projection.cpp: `block_accum[-1].item<int32_t>()`,
-the pair count) and `isect_tiles` -> `intersect_tile` (csrc/Intersect.cpp:
-`cum_tiles_per_gauss[-1].item<int64_t>()`, the intersection count), each skipped when there
-is nothing to project or intersect. CUDA's sync debug mode reports the first only (H100,
-torch 2.11: tests/cuda/test_distributed_cuda.py, benchmarks/count_syncs.py).
+Lean by construction: a step does only the work one process's render does, plus the
+exchange. The projection emits pairs sorted by (camera, Gaussian), and the batcher's
+cameras are rank-major (owners non-decreasing), so the pairs are already grouped by
+destination: the payload is ONE `cat` of the pair fields (no sort, no scatter), and the
+rows each rank gets are found by one `searchsorted` of the owners' first cameras in the
+pairs' camera ids. What is constant for a batch layout (which cameras are whose, their
+positions, the receivers' local camera ids) is built once per layout on the host
+(`_layout`, cached), not per step. Integer fields (camera ids, radii) ride in the payload
+as raw bits (a view, no conversion) in columns that never travel back: the backward
+all-to-all carries only the columns with gradients. Arrivals are (source rank, camera,
+Gaussian) and are rasterized in that order, unsorted: both backends order a tile's pairs by
+(camera, tile, depth) with a stable sort, and within one camera the arrival order is
+(source rank, local Gaussian) = the global Gaussian order of one process, so the images
+are those of one process (W-invariance), to the last bit on the CPU backend.
 
-One rank (W=1) packs no payload: its pairs are rendered as they are. At W > 1 the pairs
-are packed into one payload whose rows move to their destination's block by per-camera
-arithmetic (no sort) and are put in camera order on arrival by one sort of camera ids;
-each direction moves every row once, forward and backward (no indexing backward, which
-on CUDA sorts its indices).
-(packed=False: the dense projection has none, the render layer's `nonzero` has one.)
-Shared-GPU mode (staging.py) adds one sync per staged payload all-to-all, forward and
-backward, at W > 1. meta["comm"]["host_syncs"] counts this layer's syncs of the forward
-call (staging.host_syncs()); a `camera_owner` passed on the CPU is copied without one.
+Owners that are not rank-major (a caller's own batches) cost one more step: the sender's
+camera blocks are moved into destination order (`_Blocks`, whole blocks, no per-pair
+index; the blocks' row ranges come back with the count transfer). A `camera_owner` given
+as a device tensor is also handled: it rides in that same transfer.
 
-Validation happens on every rank before the first collective, but nothing is raised
-until every rank has seen every rank's status in the count exchange: a bad input on one
-rank becomes the same error on all ranks, never a hang in the next collective.
+Host syncs: ONE device->host transfer per forward at W > 1 (the counts), none in backward;
+none at W = 1 unless a check on device values was asked for (`check_finite`, a device
+`camera_owner`): then one read of the status. The render stages have their own (with
+backend gsplat and packed=True, gsplat 1.5.3's projection reads its pair count and the
+tile intersection its intersection count). meta["comm"]["host_syncs"] counts this layer's.
+Shared-GPU mode (staging.py) adds one sync per staged payload all-to-all in each direction.
+
+Checks. By default (a user's call) every rank validates its inputs, checks them for
+NaN/Inf on the device (`check_finite`) and hashes its cameras (`check_cameras`); the status
+and hash travel with the counts, and nothing is raised until every rank has seen every
+rank's: a bad input on one rank becomes the same error on all ranks, never a hang. The
+trainer turns the two device checks off: its parameters are checked where they change
+(setup, resume, the divergence guard after each step) and its cameras agreed once at the
+start of training (train/trainer.py).
 """
 
 from __future__ import annotations
@@ -37,14 +47,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..profiling import profiled
 from ..render import Pairs, check_inputs, make_meta, project, rasterize_pairs
 from ..render.absgrad import attach_sink
+from ..render.gather import gather_rows
 from ..render.gsplat_backend import camera_centers
 from . import exchange as ex
 from . import staging
@@ -54,24 +66,105 @@ from .context import world_size as get_world_size
 logger = logging.getLogger(__name__)
 
 FN = "distributed_rasterize"
-# Integers ride in the float payload; float32 holds every integer below 2^24 exactly.
-FLOAT_EXACT_INT = (1 << 24) - 1
 _RENDER_DEFAULTS: Dict[str, Any] = {
     "near_plane": 0.01, "far_plane": 1e10, "eps2d": 0.3, "backgrounds": None,
     "rasterize_mode": "classic", "render_mode": "RGB", "tile_size": None, "check_finite": True,
 }
+DEPTH_MODES = ("D", "ED", "RGB+D", "RGB+ED")  # the depths then carry a gradient
+DIRS = 3  # with pair_colors: each pair's camera-to-Gaussian vector
+# (features [M, F], dirs [M, 3], batch positions of the cameras [M]) -> colours [M, D]
+PairColors = Callable[[Tensor, Tensor, Tensor], Tensor]
+Owner = Union[Tensor, Sequence[int]]
+
+
+# ------------------------------------------------------------------------- batch layout
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which batch cameras are whose, from this rank's point of view; built once per
+    (owners, W, rank, device) and cached: a training run has a handful of layouts."""
+
+    owner: Tuple[int, ...]  # [C] owner rank of each batch camera
+    rank_major: bool  # owners non-decreasing: pairs in camera order are grouped by rank
+    own: Tuple[int, ...]  # [C_own] batch positions of this rank's cameras, in batch order
+    own_idx: Tensor  # [C_own] int64 on the device: `own`
+    local_of: Tensor  # [C] int64 on the device: index of a camera among its owner's cameras
+    bounds: Optional[Tensor]  # [W + 1] int64 on the device: first camera of each rank (rank-major)
+    owner_dev: Optional[Tensor]  # [C] int64 on the device (not rank-major: rows per rank)
+    by_rank: Tuple[Tuple[int, ...], ...]  # [W] the cameras of each rank, in batch order
+
+
+@lru_cache(maxsize=64)
+def _layout(owner: Tuple[int, ...], W: int, me: int, device: torch.device) -> _Layout:
+    """Owners must be in [0, W) (checked before). The device tensors are copied here once."""
+    by_rank = tuple(tuple(c for c, o in enumerate(owner) if o == r) for r in range(W))
+    local = [0] * len(owner)
+    for cams in by_rank:
+        for i, c in enumerate(cams):
+            local[c] = i
+    rank_major = all(a <= b for a, b in zip(owner, owner[1:]))
+    first = [sum(len(by_rank[q]) for q in range(r)) for r in range(W + 1)]
+    dev = lambda values: torch.tensor(values, dtype=torch.int64).to(device)  # noqa: E731
+    return _Layout(owner=owner, rank_major=rank_major, own=by_rank[me], own_idx=dev(list(by_rank[me])),
+                   local_of=dev(local), bounds=dev(first) if rank_major else None,
+                   owner_dev=None if rank_major else dev(list(owner)), by_rank=by_rank)
+
+
+@lru_cache(maxsize=64)
+def _constant(values: Tuple[int, ...], rows: int, device: torch.device) -> Tensor:
+    """[rows, len(values)] int64 on `device`, every row `values`: made once (the one
+    host->device copy happens at the first call, not in every step)."""
+    return torch.tensor([list(values)] * rows, dtype=torch.int64).to(device)
+
+
+@lru_cache(maxsize=32)
+def _arange(n: int, device: torch.device) -> Tensor:
+    return torch.arange(n, dtype=torch.int64).to(device)
+
+
+@lru_cache(maxsize=8)
+def _minus_one(device: torch.device) -> Tensor:
+    return torch.full((1,), -1, dtype=torch.int64).to(device)
+
+
+# ------------------------------------------------------------------------ validation
+
+
+def _host_owner(camera_owner: Owner, C: int) -> Optional[Tuple[int, ...]]:
+    """camera_owner's values when they are on the host (a sequence, a CPU tensor), else
+    None (a device tensor: its values come to the host with the counts). Raises ValueError
+    naming `camera_owner` for a wrong type, shape or dtype."""
+    if isinstance(camera_owner, Tensor):
+        if camera_owner.shape != (C,):
+            raise ValueError(f"{FN}: `camera_owner` must have shape [C] = [{C}] (one owner rank "
+                             f"per batch camera), got {tuple(camera_owner.shape)}")
+        if camera_owner.is_floating_point() or camera_owner.is_complex() or camera_owner.dtype == torch.bool:
+            raise ValueError(f"{FN}: `camera_owner` must be an integer tensor, got {camera_owner.dtype}")
+        return tuple(camera_owner.tolist()) if camera_owner.device.type == "cpu" else None
+    try:
+        values = tuple(camera_owner)
+    except TypeError:
+        values = None
+    if values is None or not all(isinstance(o, int) and not isinstance(o, bool) for o in values):
+        raise ValueError(f"{FN}: `camera_owner` must be an int64 tensor or a sequence of ints of "
+                         f"length {C}, got {type(camera_owner).__name__}")
+    if len(values) != C:
+        raise ValueError(f"{FN}: `camera_owner` must have shape [C] = [{C}] (one owner rank "
+                         f"per batch camera), got {len(values)} values")
+    return values
 
 
 def _validate(
     means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
-    viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
+    viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Owner,
     sh_degree: Optional[int], backend: str, opts: Dict[str, Any], device: torch.device,
     features: bool = False,
-) -> str:
-    """This rank's own checks; raises ValueError naming the argument. No host sync: the
-    value checks (finite, owner range) run on the device and travel with the counts.
-    features (pair_colors): `colors` are features, so the backgrounds' channels are the
-    colour model's, checked against its output when it runs."""
+) -> Tuple[str, Optional[Tuple[int, ...]]]:
+    """This rank's own checks on the host; raises ValueError naming the argument. Returns
+    the resolved backend and the owners when they are on the host. features (pair_colors):
+    `colors` are features, so the backgrounds' channels are the colour model's, checked
+    against its output when it runs."""
     backgrounds = opts["backgrounds"]
     if features and backgrounds is not None:
         if not isinstance(backgrounds, Tensor) or backgrounds.dim() != 2 or backgrounds.shape[0] != viewmats.shape[0]:
@@ -85,183 +178,246 @@ def _validate(
         rasterize_mode=opts["rasterize_mode"], render_mode=opts["render_mode"],
         backend=backend, finite=False,
     )
-    C = viewmats.shape[0]
-    if not isinstance(camera_owner, Tensor):
-        raise ValueError(f"{FN}: `camera_owner` must be an int64 tensor of shape [{C}], "
-                         f"got {type(camera_owner).__name__}")
-    if camera_owner.shape != (C,):
-        raise ValueError(f"{FN}: `camera_owner` must have shape [C] = [{C}] (one owner rank "
-                         f"per batch camera), got {tuple(camera_owner.shape)}")
-    if camera_owner.is_floating_point() or camera_owner.is_complex() or camera_owner.dtype == torch.bool:
-        raise ValueError(f"{FN}: `camera_owner` must be an integer tensor, got {camera_owner.dtype}")
-    if camera_owner.device not in (means.device, torch.device("cpu")):
+    owner = _host_owner(camera_owner, viewmats.shape[0])
+    if owner is None and camera_owner.device not in (means.device, device):
         raise ValueError(f"{FN}: `camera_owner` is on {camera_owner.device} but `means` is on "
-                         f"{means.device}; pass it on the same device or on the CPU")
+                         f"{means.device}; pass it on the same device or on the host")
     if means.device != device:
         raise ValueError(f"{FN}: `means` is on {means.device} but the process group exchanges "
                          f"tensors on {device} (nccl: this rank's GPU, gloo: CPU, shared-GPU "
                          "mode: the shared GPU); put the Gaussians on ctx.device")
-    if C > FLOAT_EXACT_INT:
-        raise ValueError(f"{FN}: `viewmats` holds {C} cameras, more than one batch can carry")
-    return resolved
-
-
-def _local_camera_ids(owner: Tensor, W: int) -> Tensor:
-    """[C] index of each camera among its owner's cameras, in batch order: the camera
-    id the receiving rank sees. owner [C] must be clamped into [0, W)."""
-    onehot = (owner[:, None] == torch.arange(W, device=owner.device)).long()  # [C, W]
-    return (torch.cumsum(onehot, 0) - 1).gather(1, owner[:, None])[:, 0]
-
-
-PAYLOAD_FIXED = 10  # payload columns besides the D colour channels (and 2 absgrad ones)
-DIRS = 3  # with pair_colors: each pair's camera-to-Gaussian vector, after the fixed columns
-# (features [M, F], dirs [M, 3], batch positions of the cameras [M]) -> colours [M, D]
-PairColors = Callable[[Tensor, Tensor, Tensor], Tensor]
-
-
-class _ScatterRows(torch.autograd.Function):
-    """out[position[i]] = x[i] for a permutation `position` of x's rows; backward gathers
-    each gradient row from where its row went. Both directions move every row once:
-    indexing's own backward (an accumulating index_put) sorts the indices on CUDA."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, position: Tensor) -> Tensor:
-        ctx.save_for_backward(position)
-        return torch.empty_like(x).index_copy_(0, position, x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (position,) = ctx.saved_tensors
-        return grad.index_select(0, position), None
-
-
-class _GatherRows(torch.autograd.Function):
-    """x[order] for a permutation `order` of x's rows; backward: index_copy_ (no sort)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, order: Tensor) -> Tensor:
-        ctx.save_for_backward(order)
-        return x.index_select(0, order)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (order,) = ctx.saved_tensors
-        return torch.empty_like(grad).index_copy_(0, order, grad), None
-
-
-def _destinations(camera_ids: Tensor, owner: Tensor, W: int) -> Tuple[Tensor, Tensor]:
-    """Pairs sorted by camera (the projection's order), owners [C] in [0, W) ->
-    counts [W] int64 (pairs for each rank) and position [M] int64: where each pair goes
-    when the payload is grouped by destination rank, cameras in batch order within a rank
-    (the order of a stable sort by owner). Per-camera arithmetic, no sort, no atomics:
-    a camera's block of pairs moves as a whole."""
-    C, M = owner.shape[0], camera_ids.shape[0]
-    device = camera_ids.device
-    cam_start = torch.searchsorted(camera_ids, torch.arange(C + 1, device=device))  # [C + 1]
-    per_cam = cam_start[1:] - cam_start[:-1]  # [C]
-    onehot = (owner[:, None] == torch.arange(W, device=device)).long()  # [C, W]
-    by_rank = onehot * per_cam[:, None]  # [C, W]
-    counts = by_rank.sum(0)  # [W]
-    # A camera's block starts after every lower rank's pairs and after the earlier
-    # cameras of its own rank.
-    earlier_same = (torch.cumsum(by_rank, 0) - by_rank).gather(1, owner[:, None])[:, 0]  # [C]
-    new_start = (torch.cumsum(counts, 0) - counts)[owner] + earlier_same  # [C]
-    position = torch.arange(M, device=device) + (new_start - cam_start[:-1])[camera_ids]  # [M]
-    return counts, position
-
-
-def _pack(pairs: Pairs, local_cam: Tensor, dtype: torch.dtype) -> Tensor:
-    """Pairs -> one [M, F] float payload: means2d(2) depths(1) conics(3) opacities(1)
-    colors(D) local camera(1) radii(2). F = PAYLOAD_FIXED + D."""
-    radii = pairs.radii.clamp_max(FLOAT_EXACT_INT)  # a >16M px radius already covers any image
-    return torch.cat([
-        pairs.means2d.to(dtype), pairs.depths[:, None].to(dtype), pairs.conics.to(dtype),
-        pairs.opacities[:, None].to(dtype), pairs.colors.to(dtype),
-        local_cam[pairs.camera_ids][:, None].to(dtype), radii.to(dtype),
-    ], dim=1)
-
-
-def _unpack(payload: Tensor, D: int, dtype: torch.dtype, absgrad: bool = False, dirs: int = 0
-            ) -> Tuple[Pairs, Optional[Tensor], Optional[Tensor]]:
-    """[M, F] payload -> Pairs of the receiving rank's own cameras, sorted by camera,
-    (absgrad) the senders' sinks and (dirs = 3, pair_colors) the pairs' directions, in the
-    same order. The Gaussian ids are unknown here (-1): stage (b) never reads them."""
-    # Arrivals are ordered (source rank, camera, Gaussian); a stable sort by camera gives
-    # (camera, source rank, Gaussian) = (camera, global Gaussian id) for contiguous chunks,
-    # the order of the one-process render. int32 keys: half the radix passes of int64.
-    cam_col = payload[:, PAYLOAD_FIXED - 3 + D].detach()
-    order = torch.argsort(cam_col.to(torch.int32), stable=True)
-    rows = _GatherRows.apply(payload, order)
-    parts = list(torch.split(rows, [2, 1, 3, 1, D, 1, 2] + ([dirs] if dirs else []) + ([2] if absgrad else []), 1))
-    means2d, depths, conics, opac, colors, cam, radii = parts[:7]
-    pair_dirs = parts.pop(7).to(dtype) if dirs else None
-    pairs = Pairs(
-        camera_ids=cam[:, 0].long(), gaussian_ids=torch.full_like(cam[:, 0], -1, dtype=torch.int64),
-        radii=radii.to(torch.int32), means2d=means2d.to(dtype),
-        depths=depths[:, 0].to(dtype), conics=conics.to(dtype),
-        opacities=opac[:, 0].to(dtype), colors=colors.to(dtype),
-    )
-    return pairs, (parts[7].to(dtype) if absgrad else None), pair_dirs
+    return resolved, owner
 
 
 @lru_cache(maxsize=32)
 def _arg_bits(indices: Tuple[int, ...], device: torch.device) -> Tensor:
-    """[A] int64 1 << index on `device`, made once per argument set (the one host->device
-    copy happens at the first call, not in every step)."""
+    """[A] int64 1 << index on `device`, made once per argument set."""
     return torch.tensor([1 << i for i in indices], dtype=torch.int64).to(device)
 
 
-def _device_status(
-    named: List[Tuple[str, Tensor]], owner: Tensor, W: int, check_finite: bool
-) -> Tensor:
-    """int64 scalar on the device: NONFINITE with a bitmask of the arguments holding
-    NaN/Inf, else OWNER_RANGE, else OK. No host sync."""
-    device = owner.device
-    # Python scalars, not torch.tensor(..., device): that would be a host->device copy.
-    status = ((owner < 0) | (owner >= W)).any().long() * ex.encode(ex.OWNER_RANGE)  # OK = 0
-    if check_finite:
+def _device_status(named: List[Tuple[str, Tensor]], owner: Optional[Tensor], W: int,
+                   device: torch.device) -> Tensor:
+    """int64 scalar on the device: NONFINITE with a bitmask of the arguments holding NaN/Inf
+    (`named`; empty: not checked), else OWNER_RANGE for a device `owner`, else OK. No sync."""
+    status = torch.zeros((), dtype=torch.int64, device=device)
+    if owner is not None:  # Python scalars, not torch.tensor(..., device): no host->device copy
+        status = ((owner < 0) | (owner >= W)).any().long() * ex.encode(ex.OWNER_RANGE)
+    if named:
         # One float64 sum per argument: NaN and Inf propagate through a sum, and float32
         # values summed in float64 cannot overflow, so a sum is finite iff its tensor is.
-        # (A dozen kernels; an isfinite mask per argument took four times the launches.)
-        sums = torch.stack([t.detach().sum(dtype=torch.float64) for _, t in named]).to(device)  # [A]
+        sums = torch.stack([t.detach().sum(dtype=torch.float64).to(device) for _, t in named])  # [A]
         weights = _arg_bits(tuple(ex.FINITE_ARGS.index(name) for name, _ in named), device)  # [A]
         bits = torch.where(torch.isfinite(sums), 0, weights).sum()
         status = torch.where(bits != 0, bits + ex.encode(ex.NONFINITE), status)
     return status
 
 
-def _raise_if_failed(counts: ex.Counts, W: int, check_cameras: bool,
-                     local_error: Optional[BaseException]) -> None:
-    """Every rank holds the same (status, checksum, grad flag) of every rank, so every
-    rank raises the same error here, or none does."""
-    statuses = counts.column(ex.STATUS)
-    if W == 1 and local_error is not None:  # nobody else to agree with: the detailed error
-        raise local_error
-    if any(statuses):
-        by_status: Dict[int, List[int]] = {}
-        for r, s in enumerate(statuses):
-            if s != ex.OK:
-                by_status.setdefault(s, []).append(r)
-        msg = f"{FN}: " + "; ".join(ex.describe_status(rs, s, W) for s, rs in by_status.items())
-        internal = any(ex.status_kind(s) == ex.INTERNAL for s in statuses)
-        raise (RuntimeError if internal else ValueError)(msg) from local_error
-    if check_cameras and len(set(counts.column(ex.CHECKSUM))) > 1:
-        groups: Dict[int, List[int]] = {}
-        for r, h in enumerate(counts.column(ex.CHECKSUM)):
-            groups.setdefault(h, []).append(r)
-        raise ValueError(
-            f"{FN}: the batch cameras (viewmats, Ks, camera_owner) differ across ranks; "
-            f"ranks agreeing with each other: {sorted(groups.values())}. Every rank must pass "
-            "the same cameras in the same order (draw them with the shared-seed CameraBatcher)"
+# ----------------------------------------------------------------------------- stage a
+
+
+@dataclass
+class _Local:
+    """This rank's side before the exchange; `error` set means `status` reports it."""
+
+    status: Union[int, Tensor]  # the status code: on the host, or [] int64 on the device (device checks)
+    checksum: Optional[Tensor] = None  # [] int64 (check_cameras, W > 1)
+    owner: Optional[Tuple[int, ...]] = None  # [C] on the host; None: `owner_dev` only
+    owner_dev: Optional[Tensor] = None  # [C] int64 on the device (a device camera_owner)
+    needs_grad: bool = False
+    backend: str = "torch"
+    pairs: Optional[Pairs] = None  # the projection's pairs, sorted by (camera, Gaussian)
+    dense: Optional[Dict[str, Tensor]] = None
+    sink: Optional[Tensor] = None  # [M, 2] absgrad sink of `pairs` (absgrad)
+    dirs: Optional[Tensor] = None  # [M, 3] camera centre -> Gaussian (pair_colors)
+    error: Optional[BaseException] = None
+
+
+def _prepare(
+    means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
+    viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Owner,
+    sh_degree: Optional[int], packed: bool, backend: str, check_cameras: bool,
+    opts: Dict[str, Any], unknown: List[str], group: Optional[dist.ProcessGroup],
+    absgrad: bool = False, pair_colors: Optional[PairColors] = None,
+) -> _Local:
+    """Validate and project. Never raises: a failure becomes a status that the count
+    exchange carries to every rank (or, at W = 1, is raised by the caller)."""
+    W, me = get_world_size(group), get_rank(group)
+    device = ex.comm_device(group, means.device if isinstance(means, Tensor) else torch.device("cpu"))
+    try:
+        if unknown:
+            raise ValueError(f"{FN}: unknown keyword arguments {unknown} (`render_kwargs` takes "
+                             f"{', '.join(_RENDER_DEFAULTS)})")
+        if pair_colors is not None and not callable(pair_colors):
+            raise ValueError(f"{FN}: `pair_colors` must be a function (features, dirs, cameras) -> "
+                             f"colours, got {type(pair_colors).__name__}")
+        if pair_colors is not None and sh_degree is not None:
+            raise ValueError(f"{FN}: with `pair_colors`, `colors` are per-Gaussian features [N, F], "
+                             f"not SH coefficients: pass sh_degree=None (got {sh_degree})")
+        resolved, owner = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width,
+                                    height, camera_owner, sh_degree, backend, opts, device, pair_colors is not None)
+    except ValueError as e:
+        return _Local(status=ex.encode(ex.INVALID, ex.argument_index(str(e))), error=e)
+    if owner is not None and not all(0 <= o < W for o in owner):
+        status = ex.encode(ex.OWNER_RANGE)
+        return _Local(status=status, error=ValueError(f"{FN}: " + ex.describe_status([me], status, W)))
+    try:
+        # non_blocking: no stream sync for a device owner on another stream's device
+        owner_dev = None if owner is not None else camera_owner.to(device=device, dtype=torch.int64,
+                                                                   non_blocking=True)  # [C]
+        finite_args = (means, quats, scales, opacities, colors, viewmats, Ks, opts["backgrounds"])
+        named = [(n, t) for n, t in zip(ex.FINITE_ARGS, finite_args) if t is not None] if opts["check_finite"] else []
+        status: Union[int, Tensor] = ex.OK
+        if named or owner_dev is not None:
+            status = _device_status(named, owner_dev, W, device)
+        checksum = None
+        if check_cameras and W > 1:
+            cams = [viewmats, Ks] + ([owner_dev] if owner is None else [])
+            checksum = ex.camera_checksum(cams, device)
+            if owner is not None:  # the host's owners folded in: Python ints hash alike in every process
+                checksum = checksum + (hash(owner) & (2**62 - 1))
+        pairs, dense = project(
+            means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+            backend=resolved, sh_degree=sh_degree, near_plane=opts["near_plane"],
+            far_plane=opts["far_plane"], eps2d=opts["eps2d"], packed=packed,
+            rasterize_mode=opts["rasterize_mode"],
         )
-    grads = counts.column(ex.NEEDS_GRAD)
-    if len(set(grads)) > 1:
-        raise ValueError(
-            f"{FN}: ranks disagree on whether gradients flow or on `absgrad` (per rank: "
-            f"{['absgrad' if g >= 2 else 'grad' if g else 'no grad' for g in grads]}); "
-            "the backward all-to-all needs every rank, so render under the same "
-            "torch.no_grad()/requires_grad setting and absgrad everywhere"
-        )
+        needs_grad = any(t.requires_grad for t in (pairs.means2d, pairs.depths, pairs.conics,
+                                                   pairs.opacities, pairs.colors))
+        dirs = None
+        if pair_colors is not None:  # [M, 3] from each pair's camera centre to its Gaussian
+            dirs = gather_rows(means, pairs.gaussian_ids) - gather_rows(camera_centers(viewmats), pairs.camera_ids)
+            needs_grad = needs_grad or dirs.requires_grad
+        sink = None
+        if absgrad and needs_grad:  # two zero columns whose gradient is the absgrad
+            sink = attach_sink(pairs, dense, pairs.means2d if dense is None else dense["means2d"])
+    except Exception as e:  # never leave the peers waiting in the count exchange
+        logger.exception("%s: projection failed on rank %d", FN, me)
+        return _Local(status=ex.encode(ex.INTERNAL), error=e)
+    return _Local(status=status, checksum=checksum, owner=owner, owner_dev=owner_dev, needs_grad=needs_grad,
+                  backend=resolved, pairs=pairs, dense=dense, sink=sink, dirs=dirs)
+
+
+# -------------------------------------------------------------------------- the payload
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The payload's columns: [means2d 2 | conics 3 | opacities 1 | colors D | dirs 3 |
+    absgrad sink 2 | depths 1 | (pad) | camera ids | radii]; the first `n_grad` carry
+    gradients (the depths too in depth render modes). Camera ids (int64) and radii
+    (int32 x 2) ride as their raw bits, 8 bytes each: 2 float32 columns or 1 float64 one,
+    after a zero pad column where needed to start them on an 8-byte boundary."""
+
+    D: int  # colour channels (features with pair_colors)
+    dirs: int  # 3 with pair_colors, else 0
+    sink: int  # 2 with absgrad and gradients, else 0
+    depth_grad: bool
+    int_cols: int  # columns of each 8-byte integer field: 8 / the payload's itemsize
+
+    @property
+    def n_float(self) -> int:
+        return 7 + self.D + self.dirs + self.sink
+
+    @property
+    def n_grad(self) -> int:
+        return self.n_float - 1 + int(self.depth_grad)
+
+    @property
+    def pad(self) -> int:
+        return -self.n_float % self.int_cols
+
+    @property
+    def total(self) -> int:
+        return self.n_float + self.pad + 2 * self.int_cols
+
+
+def _as_columns(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """An integer tensor [M] or [M, k] (8 bytes per row) as [M, 8 / itemsize] of `dtype`:
+    the same bytes, no conversion (a view of a contiguous tensor)."""
+    t = t.contiguous()
+    return (t[:, None] if t.dim() == 1 else t).view(dtype)
+
+
+@lru_cache(maxsize=8)
+def _zero(dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.zeros((1, 1), dtype=dtype).to(device)
+
+
+def _pack(local: _Local, cols: _Columns, dtype: torch.dtype) -> Tensor:
+    """The projection's pairs (camera order) -> one [M, F] payload: one cat."""
+    p = local.pairs
+    depths = p.depths if cols.depth_grad else p.depths.detach()
+    fields = [p.means2d, p.conics, p.opacities[:, None], p.colors, local.dirs, local.sink, depths[:, None]]
+    pad = [_zero(dtype, p.means2d.device).expand(len(p), cols.pad)] if cols.pad else []
+    return torch.cat([f.to(dtype) for f in fields if f is not None] + pad
+                     + [_as_columns(p.camera_ids, dtype), _as_columns(p.radii, dtype)], dim=1)
+
+
+def _unpack(head: Tensor, tail: Tensor, cols: _Columns, layout: _Layout
+            ) -> Tuple[Pairs, Optional[Tensor], Optional[Tensor]]:
+    """Received rows -> Pairs of this rank's own cameras (camera ids local to them), the
+    senders' absgrad sinks and the pairs' dirs (or None), in arrival order. The Gaussian
+    ids are unknown here (-1): stage (b) never reads them."""
+    sizes = [2, 3, 1, cols.D] + ([DIRS] if cols.dirs else []) + ([2] if cols.sink else []) \
+        + ([1] if cols.depth_grad else [])
+    parts = list(torch.split(head, sizes, 1))
+    means2d, conics, opac, colors = parts[:4]
+    dirs = parts[4] if cols.dirs else None
+    sink = parts[4 + bool(cols.dirs)] if cols.sink else None
+    depths = parts[-1] if cols.depth_grad else tail[:, :1]
+    k, at = cols.int_cols, cols.n_float + cols.pad - cols.n_grad  # the integers' first column in `tail`
+    cam = tail[:, at:at + k].view(torch.int64)[:, 0]  # [M] batch positions
+    pairs = Pairs(
+        camera_ids=layout.local_of.index_select(0, cam),
+        gaussian_ids=_minus_one(head.device).expand(head.shape[0]),
+        radii=tail[:, at + k:at + 2 * k].view(torch.int32), means2d=means2d, depths=depths[:, 0], conics=conics,
+        opacities=opac[:, 0], colors=colors,
+    )
+    return pairs, sink, dirs
+
+
+class _Blocks(torch.autograd.Function):
+    """Rows of x reordered by whole blocks: out = cat(x[a:b] for (a, b) in `spans`);
+    backward puts the gradient's blocks back (`back`: the spans of the output in x's order).
+    Used when the owners are not rank-major; both directions copy every row once."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, spans: List[Tuple[int, int]], back: List[Tuple[int, int]]) -> Tensor:
+        ctx.back = back
+        return torch.cat([x[a:b] for a, b in spans]) if spans else x[:0]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return (torch.cat([grad[a:b] for a, b in ctx.back]) if ctx.back else grad[:0]), None, None
+
+
+def _block_spans(starts: List[int], layout: _Layout) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """starts [C + 1]: the first pair of each camera (pairs in camera order). Returns the
+    camera blocks in destination order, and the same blocks' places in the output in
+    camera order (the backward), adjacent blocks merged."""
+    order = [c for cams in layout.by_rank for c in cams]
+    spans, placed, pos = [], {}, 0
+    for c in order:
+        a, b = starts[c], starts[c + 1]
+        placed[c] = (pos, pos + b - a)
+        pos += b - a
+        spans.append((a, b))
+    back = [placed[c] for c in range(len(order))]
+
+    def merge(s):
+        out = []
+        for a, b in s:
+            if a == b:
+                continue
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        return out
+    return merge(spans), merge(back)
+
+
+# ----------------------------------------------------------------------- the forward
 
 
 def distributed_rasterize(
@@ -274,7 +430,7 @@ def distributed_rasterize(
     Ks: Tensor,  # [C, 3, 3]
     width: int,
     height: int,
-    camera_owner: Tensor,  # [C] int, the rank that renders each batch camera
+    camera_owner: Owner,  # [C] ints: the rank that renders each batch camera
     *,
     sh_degree: Optional[int] = None,
     packed: bool = True,
@@ -297,10 +453,17 @@ def distributed_rasterize(
     means2d.grad by n_cameras exactly as in one process), own_cameras (batch positions of
     the rendered cameras) and comm (collectives, host syncs, pairs and bytes of this call).
 
+    camera_owner: a sequence of ints or an int tensor. Owners on the host (a sequence, a
+    CPU tensor) cost nothing; rank-major owners ([0]*k + [1]*k + ..., what CameraBatcher
+    draws) need no reordering of the pairs at all. A device tensor's values come to the
+    host with the counts.
+
     render_kwargs: near_plane, far_plane, eps2d, backgrounds ([C, D], every batch
-    camera's, like `rasterize`), rasterize_mode, render_mode, tile_size, check_finite.
-    check_cameras (default on) folds a checksum of viewmats, Ks and camera_owner into the
-    count exchange, so ranks passing different cameras get an error, not wrong images.
+    camera's, like `rasterize`), rasterize_mode, render_mode, tile_size, check_finite
+    (default on: NaN/Inf inputs are an error on every rank; off in the trainer, which checks
+    its parameters where they change). check_cameras (default on) folds a checksum of
+    viewmats, Ks and camera_owner into the count exchange, so ranks passing different
+    cameras get an error, not wrong images (off in the trainer: agreed once per run).
     absgrad (gsplat's): with gradients, meta["means2d"].absgrad is set during backward,
     each pair's absolute 2D-mean gradient from its owner's rasterizer; it rides home in
     two more payload columns of the reverse all-to-all (render/absgrad.py).
@@ -322,165 +485,164 @@ def distributed_rasterize(
     syncs_before = staging.host_syncs()
     opts = dict(_RENDER_DEFAULTS)
     opts.update(render_kwargs)
-    # One rank: its pairs are its own cameras' pairs already; no payload is packed, moved
-    # or unpacked (stage b reads the projection's pairs as they are).
-    direct = W == 1
-    local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                     camera_owner, sh_degree, packed, backend, check_cameras, opts,
-                     sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group, absgrad,
-                     pack=not direct, pair_colors=pair_colors)
-    # The grad column also says whether the payload carries absgrad columns (bit 1).
-    grad_flag = int(local.needs_grad) + 2 * int(local.needs_grad and absgrad)
-    send = torch.stack([
-        local.counts, local.status.expand(W), local.checksum.expand(W),
-        torch.full_like(local.counts, grad_flag),
-    ], dim=1)  # [W, 4]
-    host = ex.exchange_counts(send, local.owner, group)  # the one device -> host transfer
-    _raise_if_failed(host, W, check_cameras, local.error)
-
-    send_splits, recv_splits = host.send_splits, host.recv_splits
-    n_own = sum(1 for o in host.extra if o == me)
-    # Batch positions of the own cameras, in order, built on the device from the owners
-    # already there (a stable sort puts them first): no host->device copy, no sync.
-    own_idx = torch.argsort((local.owner != me).long(), stable=True)[:n_own]  # [C_own]
-    if direct:  # every camera is this rank's, in batch order: camera_ids are own ids
-        pairs = local.pairs
-        if pair_colors is not None:
-            pairs = pairs.with_colors(_call_pair_colors(pair_colors, pairs.colors, local.dirs,
-                                                        own_idx[pairs.camera_ids], opts["backgrounds"]))
-        render_colors, render_alphas = _rasterize_own(pairs, local.sink, own_idx, width, height,
-                                                      local.backend, opts)
-    else:
-        received = ex.all_to_all(local.payload, send_splits, recv_splits, group)  # [M_recv, F]
-        render_colors, render_alphas = _render_own(received, own_idx, means.dtype, width, height,
-                                                   local.backend, opts, grad_flag >= 2, pair_colors)
-
-    meta = make_meta(local.pairs, local.dense, width, height, viewmats.shape[0])
-    meta.update(camera_owner=local.owner, own_cameras=own_idx, rank=me, world_size=W)
-    F = (PAYLOAD_FIXED + local.pairs.colors.shape[-1] + (DIRS if pair_colors is not None else 0)
-         + (2 if grad_flag >= 2 else 0))
-    itemsize = torch.promote_types(means.dtype, torch.float32).itemsize
-    meta["comm"] = _comm_stats(send_splits, recv_splits, me, W, F, itemsize, local.needs_grad,
-                               staging.host_syncs() - syncs_before, staging.staged(group))
-    return render_colors, render_alphas, meta
-
-
-@dataclass
-class _Local:
-    """This rank's side before the exchange; `error` set means `status` reports it."""
-
-    status: Tensor  # [] int64 status code (device value checks included)
-    checksum: Tensor  # [] int64
-    counts: Tensor  # [W] int64 pairs for each destination rank
-    owner: Tensor  # [C] int64 camera_owner on the communication device
-    needs_grad: bool = False
-    backend: str = "torch"
-    pairs: Optional[Pairs] = None  # pre-exchange pairs, for meta
-    dense: Optional[Dict[str, Tensor]] = None
-    payload: Optional[Tensor] = None  # [M, F] rows grouped by destination rank (pack=True)
-    sink: Optional[Tensor] = None  # [M, 2] absgrad sink of `pairs` (pack=False, absgrad)
-    dirs: Optional[Tensor] = None  # [M, 3] camera centre -> Gaussian (pack=False, pair_colors)
-    error: Optional[BaseException] = None
-
-
-def _prepare(
-    means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
-    viewmats: Tensor, Ks: Tensor, width: int, height: int, camera_owner: Tensor,
-    sh_degree: Optional[int], packed: bool, backend: str, check_cameras: bool,
-    opts: Dict[str, Any], unknown: List[str], group: Optional[dist.ProcessGroup],
-    absgrad: bool = False, pack: bool = True, pair_colors: Optional[PairColors] = None,
-) -> _Local:
-    """Validate, project, count and (pack=True) pack. Never raises: a failure becomes a
-    status that the count exchange carries to every rank. pack=False (one rank): no
-    payload; the pairs (and the absgrad sink) are rendered as they are."""
-    W, me = get_world_size(group), get_rank(group)
+    with profiled("distsplat/project"):
+        local = _prepare(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+                         camera_owner, sh_degree, packed, backend, check_cameras, opts,
+                         sorted(set(render_kwargs) - set(_RENDER_DEFAULTS)), group, absgrad, pair_colors)
+    C = viewmats.shape[0] if local.error is None else 0
     device = ex.comm_device(group, means.device if isinstance(means, Tensor) else torch.device("cpu"))
+    if W == 1:
+        with profiled("distsplat/rasterize"):
+            layout, colors_out, alphas_out = _render_single(local, C, width, height, opts, pair_colors, device)
+        stats = _comm_stats([len(local.pairs)], [len(local.pairs)], 0, 1, 0, 0, local.needs_grad,
+                            staging.host_syncs() - syncs_before, False)
+    else:
+        dtype = torch.float32 if local.error else torch.promote_types(means.dtype, torch.float32)  # the payload's
+        cols = _Columns(D=local.pairs.colors.shape[-1] if local.error is None else 0,
+                        dirs=DIRS if pair_colors is not None else 0,
+                        sink=2 if absgrad and local.needs_grad else 0,
+                        depth_grad=opts["render_mode"] in DEPTH_MODES and local.needs_grad,
+                        int_cols=8 // dtype.itemsize)
+        with profiled("distsplat/count_exchange"):
+            layout, counts, spans = _exchange_counts(local, cols, C, W, me, group, device, check_cameras)
+        with profiled("distsplat/pack"):
+            payload = _pack(local, cols, dtype)
+            if not layout.rank_major:  # camera blocks into destination order
+                payload = _Blocks.apply(payload, *spans)
+        with profiled("distsplat/payload_exchange"):
+            head, tail = ex.all_to_all(payload, cols.n_grad, counts.send_splits, counts.recv_splits, group)
+        with profiled("distsplat/rasterize"):
+            pairs, sink, dirs = _unpack(head, tail, cols, layout)
+            colors_out, alphas_out = _rasterize_own(pairs, sink, dirs, layout, width, height, local.backend,
+                                                    opts, pair_colors)
+        itemsize = dtype.itemsize
+        stats = _comm_stats(counts.send_splits, counts.recv_splits, me, W, cols.total, itemsize,
+                            local.needs_grad, staging.host_syncs() - syncs_before, staging.staged(group),
+                            cols.n_grad)
+    meta = make_meta(local.pairs, local.dense, width, height, C)
+    meta.update(camera_owner=layout.owner, own_cameras=layout.own_idx, rank=me, world_size=W, comm=stats)
+    return colors_out, alphas_out, meta
 
-    def failed(status: int, error: BaseException) -> _Local:
-        zero = torch.zeros((), dtype=torch.int64, device=device)
-        return _Local(status=zero + status, checksum=zero, counts=zero.expand(W).clone(),
-                      owner=zero.new_zeros(0), error=error)
 
-    try:
-        if unknown:
-            raise ValueError(f"{FN}: unknown keyword arguments {unknown} (`render_kwargs` takes "
-                             f"{', '.join(_RENDER_DEFAULTS)})")
-        if pair_colors is not None and not callable(pair_colors):
-            raise ValueError(f"{FN}: `pair_colors` must be a function (features, dirs, cameras) -> "
-                             f"colours, got {type(pair_colors).__name__}")
-        if pair_colors is not None and sh_degree is not None:
-            raise ValueError(f"{FN}: with `pair_colors`, `colors` are per-Gaussian features [N, F], "
-                             f"not SH coefficients: pass sh_degree=None (got {sh_degree})")
-        resolved = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width,
-                             height, camera_owner, sh_degree, backend, opts, device, pair_colors is not None)
-    except ValueError as e:
-        return failed(ex.encode(ex.INVALID, ex.argument_index(str(e))), e)
-    try:
-        # non_blocking: a CPU camera_owner (allowed) is copied without a stream sync.
-        owner = camera_owner.to(device=device, dtype=torch.int64, non_blocking=True)  # [C]
-        finite_args = (means, quats, scales, opacities, colors, viewmats, Ks, opts["backgrounds"])
-        status = _device_status(
-            [(n, t) for n, t in zip(ex.FINITE_ARGS, finite_args) if t is not None],
-            owner, W, opts["check_finite"])
-        checksum = (ex.camera_checksum([viewmats, Ks, owner], device) if check_cameras and W > 1
-                    else torch.zeros((), dtype=torch.int64, device=device))  # one rank: nobody to differ from
-        pairs, dense = project(
-            means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-            backend=resolved, sh_degree=sh_degree, near_plane=opts["near_plane"],
-            far_plane=opts["far_plane"], eps2d=opts["eps2d"], packed=packed,
-            rasterize_mode=opts["rasterize_mode"],
+def _render_single(local: _Local, C: int, width: int, height: int, opts: Dict[str, Any],
+                   pair_colors: Optional[PairColors], device: torch.device) -> Tuple[_Layout, Tensor, Tensor]:
+    """W = 1: every camera is this rank's, so the projection's pairs are rendered as they
+    are. No collective; a host read only for a check on device values."""
+    if local.error is not None:  # nobody else to agree with: the detailed error
+        raise local.error
+    if isinstance(local.status, Tensor):  # check_finite or a device owner: one read
+        staging.count_sync()
+        status = int(local.status.item())
+        if status != ex.OK:
+            raise ValueError(f"{FN}: " + ex.describe_status([0], status, 1))
+    layout = _layout(local.owner or (0,) * C, 1, 0, device)
+    colors, alphas = _rasterize_own(local.pairs, local.sink, local.dirs, layout, width, height, local.backend,
+                                    opts, pair_colors)
+    return layout, colors, alphas
+
+
+def _exchange_counts(local: _Local, cols: _Columns, C: int, W: int, me: int, group: Optional[dist.ProcessGroup],
+                     device: torch.device, check_cameras: bool
+                     ) -> Tuple[_Layout, ex.Counts, Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]]:
+    """Where this rank's rows go, exchanged with status, checksum and layout: one
+    all-to-all, one host transfer. Raises the same error on every rank if any failed."""
+    ok = local.error is None
+    layout = _layout(local.owner, W, me, device) if ok and local.owner is not None else None
+    buffer = ex.count_buffer(W, device)  # rows [0, W): what goes to each rank
+    code = ex.encode_layout(local.needs_grad, cols.sink > 0, cols.total, cols.n_grad)
+    tail = _constant((local.status if isinstance(local.status, int) else 0, 0, code), W, device)  # [W, 3]
+    if isinstance(local.status, Tensor) or local.checksum is not None:
+        tail = tail.clone()
+        if isinstance(local.status, Tensor):
+            tail[:, 0] += local.status
+        if local.checksum is not None:
+            tail[:, 1] += local.checksum
+    extra = None
+    if not ok:  # nothing to send; the status says why
+        torch.cat([_constant((0, 0), W, device), tail], 1, out=buffer[:W])
+    elif layout is not None and layout.rank_major:
+        # Pairs in camera order, cameras rank-major: rank q's rows start at its first camera.
+        first = torch.searchsorted(local.pairs.camera_ids, layout.bounds)  # [W + 1]
+        torch.cat([first[:-1, None], first[1:, None], tail], 1, out=buffer[:W])
+    else:  # the rows per rank, summed over each rank's cameras; the camera blocks come to the host
+        starts = torch.searchsorted(local.pairs.camera_ids, _arange(C + 1, local.pairs.camera_ids.device))  # [C + 1]
+        owner = layout.owner_dev if layout is not None else local.owner_dev.clamp(0, W - 1)  # bad owners: reported
+        per_rank = torch.zeros(W, dtype=torch.int64, device=device).index_add_(0, owner, starts.diff())  # [W]
+        end = per_rank.cumsum(0)
+        torch.cat([(end - per_rank)[:, None], end[:, None], tail], 1, out=buffer[:W])
+        extra = starts if local.owner is not None else torch.cat([starts, local.owner_dev])
+    counts = ex.exchange_counts(buffer, group, extra)  # the one device -> host transfer
+    _raise_if_failed(counts, W, check_cameras, local.error)
+    spans: Tuple[List[Tuple[int, int]], List[Tuple[int, int]]] = ([], [])
+    if layout is None:  # a device owner: its values came with the counts
+        layout = _layout(tuple(counts.extra[C + 1:]), W, me, device)
+    if not layout.rank_major:
+        spans = _block_spans(counts.extra[:C + 1], layout)
+    return layout, counts, spans
+
+
+def _raise_if_failed(counts: ex.Counts, W: int, check_cameras: bool,
+                     local_error: Optional[BaseException]) -> None:
+    """Every rank holds the same (status, checksum, layout) of every rank, so every rank
+    raises the same error here, or none does."""
+    statuses = counts.column(ex.STATUS)
+    if any(statuses):
+        by_status: Dict[int, List[int]] = {}
+        for r, s in enumerate(statuses):
+            if s != ex.OK:
+                by_status.setdefault(s, []).append(r)
+        msg = f"{FN}: " + "; ".join(ex.describe_status(rs, s, W) for s, rs in by_status.items())
+        internal = any(ex.status_kind(s) == ex.INTERNAL for s in statuses)
+        raise (RuntimeError if internal else ValueError)(msg) from local_error
+    if check_cameras and len(set(counts.column(ex.CHECKSUM))) > 1:
+        groups: Dict[int, List[int]] = {}
+        for r, h in enumerate(counts.column(ex.CHECKSUM)):
+            groups.setdefault(h, []).append(r)
+        raise ValueError(
+            f"{FN}: the batch cameras (viewmats, Ks, camera_owner) differ across ranks; "
+            f"ranks agreeing with each other: {sorted(groups.values())}. Every rank must pass "
+            "the same cameras in the same order (draw them with the shared-seed CameraBatcher)"
         )
-        safe_owner = owner.clamp(0, W - 1)  # a bad owner is reported, never indexed with
-        needs_grad = any(t.requires_grad for t in (pairs.means2d, pairs.depths, pairs.conics,
-                                                   pairs.opacities, pairs.colors))
-        dirs = None
-        if pair_colors is not None:  # [M, 3] from each pair's camera centre to its Gaussian
-            dirs = means[pairs.gaussian_ids] - camera_centers(viewmats)[pairs.camera_ids]
-            needs_grad = needs_grad or dirs.requires_grad
-        sink = None
-        if absgrad and needs_grad:  # two zero columns whose gradient is the absgrad
-            sink = attach_sink(pairs, dense, pairs.means2d if dense is None else dense["means2d"])
-        if not pack:
-            counts = torch.full((W,), len(pairs), dtype=torch.int64, device=device)  # W = 1
-            return _Local(status=status, checksum=checksum, counts=counts, owner=owner,
-                          needs_grad=needs_grad, backend=resolved, pairs=pairs, dense=dense,
-                          sink=sink, dirs=dirs)
-        counts, position = _destinations(pairs.camera_ids, safe_owner, W)
-        payload_dtype = torch.promote_types(means.dtype, torch.float32)
-        payload = _pack(pairs, _local_camera_ids(safe_owner, W), payload_dtype)
-        if dirs is not None:
-            payload = torch.cat([payload, dirs.to(payload_dtype)], dim=1)  # [M, F + 3]
-        if sink is not None:
-            payload = torch.cat([payload, sink.to(payload_dtype)], dim=1)  # [M, F + 2]
-        # Grouped by destination rank: every row moves once, to its own position.
-        payload = _ScatterRows.apply(payload, position)
-    except Exception as e:  # never leave the peers waiting in the count exchange
-        logger.exception("%s: projection failed on rank %d", FN, me)
-        return failed(ex.encode(ex.INTERNAL), e)
-    return _Local(status=status, checksum=checksum, counts=counts, owner=owner,
-                  needs_grad=payload.requires_grad, backend=resolved, pairs=pairs,
-                  dense=dense, payload=payload)
+    layouts = [ex.decode_layout(v) for v in counts.column(ex.LAYOUT)]
+    if len({g for g, _, _, _ in layouts}) > 1 or len({a for _, a, _, _ in layouts}) > 1:
+        raise ValueError(
+            f"{FN}: ranks disagree on whether gradients flow or on `absgrad` (per rank: "
+            f"{['absgrad' if a else 'grad' if g else 'no grad' for g, a, _, _ in layouts]}); "
+            "the backward all-to-all needs every rank, so render under the same "
+            "torch.no_grad()/requires_grad setting and absgrad everywhere"
+        )
+    if len({(f, n) for _, _, f, n in layouts}) > 1:
+        raise ValueError(
+            f"{FN}: ranks disagree on the pairs' fields (payload columns per rank: "
+            f"{[f for _, _, f, _ in layouts]}): pass colours with the same channels and SH degree, "
+            "the same render_mode and `pair_colors` on every rank"
+        )
 
 
-def _render_own(
-    received: Tensor,  # [M_recv, F] payload rows from every rank
-    own_idx: Tensor,  # [C_own] batch positions of this rank's cameras
-    dtype: torch.dtype, width: int, height: int, backend: str, opts: Dict[str, Any],
-    absgrad: bool = False, pair_colors: Optional[PairColors] = None,
+# ----------------------------------------------------------------------------- stage b
+
+
+def _rasterize_own(
+    pairs: Pairs,  # camera_ids index the own cameras
+    sink: Optional[Tensor],  # [M, 2] absgrad sink of `pairs`, or None
+    dirs: Optional[Tensor],  # [M, 3] with pair_colors
+    layout: _Layout, width: int, height: int, backend: str, opts: Dict[str, Any],
+    pair_colors: Optional[PairColors] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Stage (b) on this rank's cameras: colors [C_own, H, W, D'], alphas [C_own, H, W, 1].
-    absgrad: the payload's last two columns are the senders' absgrad sinks; pair_colors:
-    the colour columns are features, followed by the pairs' dirs."""
-    # Also with C_own = 0 or no pair received: the render layer then returns empty or
-    # background images that stay in the autograd graph of the received payload, so this
-    # rank's backward still runs the reverse all-to-all its peers wait in.
-    extra = DIRS if pair_colors is not None else 0
-    D = received.shape[1] - PAYLOAD_FIXED - extra - (2 if absgrad else 0)
-    pairs, sink, dirs = _unpack(received, D, dtype, absgrad, extra)
+    Also with C_own = 0 or no pair received: the render layer then returns empty or
+    background images that stay in the autograd graph of the received payload, so this
+    rank's backward still runs the reverse all-to-all its peers wait in."""
+    own_idx = layout.own_idx
+    backgrounds = opts["backgrounds"]
     if pair_colors is not None:
-        pairs = pairs.with_colors(_call_pair_colors(pair_colors, pairs.colors, dirs, own_idx[pairs.camera_ids],
-                                                    opts["backgrounds"]))
-    return _rasterize_own(pairs, sink, own_idx, width, height, backend, opts)
+        pairs = pairs.with_colors(_call_pair_colors(pair_colors, pairs.colors, dirs,
+                                                    own_idx.index_select(0, pairs.camera_ids), backgrounds))
+    return rasterize_pairs(
+        pairs, len(layout.own), width, height, backend=backend,
+        backgrounds=None if backgrounds is None else backgrounds[own_idx],
+        render_mode=opts["render_mode"], tile_size=opts["tile_size"], absgrad_sink=sink,
+    )
 
 
 def _call_pair_colors(fn: PairColors, features: Tensor, dirs: Tensor, cameras: Tensor,
@@ -498,29 +660,17 @@ def _call_pair_colors(fn: PairColors, features: Tensor, dirs: Tensor, cameras: T
     return out
 
 
-def _rasterize_own(
-    pairs: Pairs,  # camera_ids index the own cameras
-    sink: Optional[Tensor],  # [M, 2] absgrad sink of `pairs`, or None
-    own_idx: Tensor,  # [C_own] batch positions of this rank's cameras
-    width: int, height: int, backend: str, opts: Dict[str, Any],
-) -> Tuple[Tensor, Tensor]:
-    backgrounds = opts["backgrounds"]
-    return rasterize_pairs(
-        pairs, len(own_idx), width, height, backend=backend,
-        backgrounds=None if backgrounds is None else backgrounds[own_idx],
-        render_mode=opts["render_mode"], tile_size=opts["tile_size"], absgrad_sink=sink,
-    )
-
-
 def _comm_stats(send_splits: List[int], recv_splits: List[int], me: int, W: int, F: int,
-                itemsize: int, needs_grad: bool, host_syncs: int, staged: bool) -> Dict[str, int]:
+                itemsize: int, needs_grad: bool, host_syncs: int, staged: bool,
+                grad_columns: int = 0) -> Dict[str, int]:
     """What this call moved (the own-rank share of the all-to-all is a local copy, not
-    counted as sent). Backward adds `backward_collectives` and the same bytes reversed,
-    and `backward_host_syncs` (1 for the staged reverse all-to-all in shared-GPU mode)."""
+    counted as sent). Backward adds `backward_collectives`, `backward_bytes_sent` (the
+    gradient columns only) and `backward_host_syncs` (1 for the staged reverse all-to-all
+    in shared-GPU mode)."""
     backward = 1 if W > 1 and needs_grad else 0
     pairs_sent = sum(send_splits) - send_splits[me]
     pairs_received = sum(recv_splits) - recv_splits[me]
-    count_bytes = (W - 1) * ex.N_COLUMNS * 8
+    count_bytes = (W - 1) * ex.N_COLUMNS * 8 if W > 1 else 0
     return {
         "collectives": 2 if W > 1 else 0,
         "host_syncs": host_syncs,
@@ -534,4 +684,5 @@ def _comm_stats(send_splits: List[int], recv_splits: List[int], me: int, W: int,
         "pairs_rendered": sum(recv_splits),
         "bytes_sent": pairs_sent * F * itemsize + count_bytes,
         "bytes_received": pairs_received * F * itemsize + count_bytes,
+        "backward_bytes_sent": backward * pairs_received * grad_columns * itemsize,
     }

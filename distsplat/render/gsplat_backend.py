@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .absgrad import KernelBridge
+from .gather import gather_rows
 from .pairs import Pairs
 
 TILE_SIZE = 16
@@ -56,23 +57,26 @@ def project(
         radii_d, means2d_d, depths_d, conics_d, comps = out  # [C, N, ...]
         dense = {"radii": radii_d, "means2d": means2d_d, "depths": depths_d, "conics": conics_d}
         cid, gid = (radii_d > 0).all(-1).nonzero(as_tuple=True)
+        flat = cid * N + gid  # [M] rows of the [C * N, ...] views
         radii, means2d, depths, conics = (
-            radii_d[cid, gid], means2d_d[cid, gid], depths_d[cid, gid], conics_d[cid, gid]
+            gather_rows(radii_d.reshape(C * N, 2), flat), gather_rows(means2d_d.reshape(C * N, 2), flat),
+            gather_rows(depths_d.reshape(C * N), flat), gather_rows(conics_d.reshape(C * N, 3), flat),
         )
         if comps is not None:
-            comps = comps[cid, gid]
+            comps = gather_rows(comps.reshape(C * N), flat)
     cid, gid = cid.long(), gid.long()
-    opac = opacities[gid]
+    # Per-pair gathers whose backward is an index_add_, not a sorting index_put_ (gather.py)
+    opac = gather_rows(opacities, gid)
     if comps is not None:
         opac = opac * comps
     if sh_degree is None:
-        pair_colors = colors[gid]
+        pair_colors = gather_rows(colors, gid)
     elif len(gid) == 0:  # nothing visible (a host-known shape): no SH kernel on zero pairs
         pair_colors = colors.new_zeros(0, D) + colors.sum() * 0
     else:
         campos = camera_centers(viewmats)  # [C, 3]
-        dirs = means[gid] - campos[cid]  # [M, 3]
-        pair_colors = torch.clamp_min(spherical_harmonics(sh_degree, dirs, colors[gid]) + 0.5, 0.0)
+        dirs = gather_rows(means, gid) - gather_rows(campos, cid)  # [M, 3]
+        pair_colors = torch.clamp_min(spherical_harmonics(sh_degree, dirs, gather_rows(colors, gid)) + 0.5, 0.0)
     pairs = Pairs(
         camera_ids=cid, gaussian_ids=gid, radii=radii, means2d=means2d,
         depths=depths, conics=conics, opacities=opac, colors=pair_colors,

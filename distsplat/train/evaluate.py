@@ -72,7 +72,7 @@ def evaluate(
             colors, _, _ = distributed_rasterize(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
                 viewmats[at], Ks[at], grp.width, grp.height,
-                torch.tensor([owner[i] for i in grp.positions.tolist()], dtype=torch.int64, device=viewmats.device),
+                grp.owner,  # host ints: no device copy
                 **{"sh_degree": sh_degree, **render_kwargs},  # render_kwargs may set the colour model
             )
             if not grp.own:

@@ -235,3 +235,16 @@ def from_float_rows(x: Tensor, dtype: torch.dtype) -> Tensor:
         return x.to(dtype)
     pieces = x.round().long()  # [N, 4]
     return sum(pieces[:, i] << (16 * i) for i in range(4))
+
+
+def check_finite_params(params: Dict[str, Tensor], source: str) -> None:
+    """Raises ValueError naming the parameters that hold NaN or Inf and where they came from
+    (`source`: the initial points, a checkpoint). The trainer checks its parameters where
+    they change (here at setup and resume; after each step the divergence guard), not in
+    every render. One host read."""
+    names = list(params)
+    finite = torch.stack([torch.isfinite(params[k].detach()).all() for k in names]).tolist()
+    bad = [k for k, ok in zip(names, finite) if not ok]
+    if bad:
+        raise ValueError(f"{source} holds NaN or Inf values in {', '.join(bad)}; "
+                         "check the input (a damaged file, or a diverged run's state)")

@@ -125,3 +125,22 @@ def scene_scale(scene: Scene, global_scale: float = 1.0) -> float:
     centers = scene.camtoworlds[:, :3, 3]
     radius = float(np.linalg.norm(centers - centers.mean(0), axis=1).max())
     return max(radius, 1e-6) * 1.1 * global_scale
+
+
+def camera_digest(scene: Scene, train: np.ndarray, batcher_state: dict) -> int:
+    """A 62-bit digest of what decides every step's batch cameras: the scene's poses,
+    intrinsics and sizes, the training split and the batcher's layout. Ranks that agree on
+    it draw identical batches, so the per-step camera checksum of the distributed render
+    can stay off (the trainer compares it once, at the start of training)."""
+    import hashlib
+
+    from ..data.poses import CameraPoses
+
+    poses = scene.camtoworlds.rows if isinstance(scene.camtoworlds, CameraPoses) else np.asarray(scene.camtoworlds)
+    h = hashlib.blake2b(digest_size=8)
+    for a in (poses, scene.Ks, scene.widths, scene.heights, train):
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    h.update(repr(sorted((k, v) for k, v in batcher_state.items() if k not in ("epoch", "step"))).encode())
+    return int.from_bytes(h.digest(), "little") & (2**62 - 1)

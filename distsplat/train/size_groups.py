@@ -47,6 +47,7 @@ class SizeGroup:
     positions: Tensor  # [C_g] int64 batch positions, ascending
     own: List[int]  # indices into this rank's own cameras of the batch (batch order) that are in the group
     whole: bool  # the group is the whole batch (a single-size batch): select() returns its input
+    owner: Tuple[int, ...] = ()  # [C_g] owner rank of each camera of the group (host ints)
     _on: Dict[torch.device, Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def positions_on(self, device: torch.device) -> Tensor:
@@ -84,7 +85,8 @@ def size_groups(
     for hh, ww in sizes:
         pos = np.nonzero((w == ww) & (h == hh))[0]
         own = [int(own_rank[p]) for p in pos if owner[p] == rank]
-        groups.append(SizeGroup(ww, hh, torch.from_numpy(pos), own, whole=len(sizes) == 1))
+        groups.append(SizeGroup(ww, hh, torch.from_numpy(pos), own, whole=len(sizes) == 1,
+                                owner=tuple(owner[pos].tolist())))
     return groups
 
 

@@ -48,8 +48,8 @@ from .lpips import load_lpips
 from .metrics import report_eval
 from .trajectory import camera_path
 from .video import render_frames, write_mp4
-from .gaussians import (activated, create_optimizers, from_float_rows, init_gaussians, initial_ids,
-                        random_points, to_float_rows)
+from .gaussians import (activated, check_finite_params, create_optimizers, from_float_rows, init_gaussians,
+                        initial_ids, random_points, to_float_rows)
 from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
@@ -57,7 +57,7 @@ from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
 from ..data.heap import TRIM_FROM, trim_heap
 from ..profiling import StepRanges
-from .scene_setup import checks_own_images, load_scene, scene_scale
+from .scene_setup import camera_digest, checks_own_images, load_scene, scene_scale
 from .size_groups import group_cameras, group_images, merge_meta, size_groups
 from .node_data import check_own_images
 from ..distributed.nodes import node_name
@@ -135,6 +135,9 @@ class Trainer:
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         if cfg.ckpt is not None:
             self._resume(cfg.ckpt)
+        # The renders do not check the parameters every step: here, where they come from
+        check_finite_params(self.params, f"--ckpt {cfg.ckpt}" if cfg.ckpt is not None else
+                            "the initial Gaussians (--init_type, the scene's points)")
         self._init_memory_guard()
         self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
                                             min_side=int(min(scene.widths.min(), scene.heights.min())))
@@ -244,6 +247,7 @@ class Trainer:
     # ------------------------------------------------------------------ train
     def train(self) -> Dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
+        self._agree_cameras()
         self._open_outputs()
         eval_steps = {s for s in cfg.eval_steps if s > 0}
         save_steps = {s for s in cfg.save_steps if s > 0}
@@ -293,6 +297,21 @@ class Trainer:
         self.saves.report_end(self.metrics)  # which saves a full disk skipped
         return self.metrics
 
+    def _agree_cameras(self) -> None:
+        """Every rank must draw the same batch cameras (the renders do not compare them per
+        step): one gather of a digest of the scene's cameras and the batcher, once per run."""
+        digest = camera_digest(self.scene, self.train_idx.numpy(), self.batcher.state_dict())
+        digests = gather_counts(digest, self.device)
+        if len(set(digests)) > 1:
+            groups: Dict[int, List[int]] = {}
+            for r, d in enumerate(digests):
+                groups.setdefault(d, []).append(r)
+            e = ValueError(f"the ranks loaded different cameras (ranks agreeing with each other: "
+                           f"{sorted(groups.values())}): every rank must read the same scene (--data_dir, "
+                           "--data_factor, --test_every) with the same --batch_size and --seed")
+            e.agreed = True  # the same message on every rank
+            raise e
+
     def _open_outputs(self) -> None:
         """The first write into the result dir: only once setup succeeded on every rank."""
         self.tb = TensorBoard(self.result_dir, self.ctx)
@@ -319,7 +338,6 @@ class Trainer:
         viewmats, Ks = self.viewmats[scene_cams], self.Ks[cams]  # [C, 4, 4] (host index: data/poses.py), [C, 3, 3]
         if self.pose is not None:  # the learned corrections, identical on every rank
             viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
-        owner = to_device(batch.camera_owner, self.device)
         # One render per image size of the batch (one for a single-size scene), in the same
         # order on every rank. Sum of own images' losses / global batch: the ranks' gradients
         # add up to those of the mean loss over the global batch, whatever W is.
@@ -330,10 +348,13 @@ class Trainer:
             self.ranges("train/render")
             colors, _, meta = distributed_rasterize(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.select(owner),
+                grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.owner,
                 **self._render_kwargs(grp.select(backgrounds), sh, grp.select(batch.cameras)),
                 absgrad=getattr(self.strategy, "absgrad", False),
                 render_mode="RGB" if self.depth is None else "RGB+ED",
+                # No device checks per step: the parameters are checked where they change (setup,
+                # resume, the divergence guard), the cameras agreed once (train: _agree_cameras).
+                check_finite=False, check_cameras=False,
             )
             metas.append(meta)
             self.ranges("train/loss")

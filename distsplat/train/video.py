@@ -61,7 +61,7 @@ def render_frames(
         colors, alphas, _ = distributed_rasterize(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
             viewmats[pos], K.expand(len(pos), 3, 3), width, height,
-            torch.tensor(owner, dtype=torch.int64, device=viewmats.device), **{"sh_degree": sh_degree, **kwargs},
+            owner, **{"sh_degree": sh_degree, **kwargs},  # host ints: no device copy
         )
         if ctx.rank in owner:
             p = pos[owner.index(ctx.rank)]

@@ -66,9 +66,11 @@ def test_renders_and_gradients_equal_the_dense_reference(world, name):
 
 
 def test_payload_carries_features_and_directions(world):
+    """float64: means2d 2, conics 3, opacity 1, the features, dirs 3, depth 1, then the camera
+    id and the radii as 8 raw bytes each (one float64 column each); W = 1 packs nothing."""
     W, results = world
     comm = results[0]["base"]["comm"]
-    assert comm["payload_fields"] == 10 + FEATURES + 3
+    assert comm["payload_fields"] == (0 if W == 1 else 7 + FEATURES + 3 + 2)
 
 
 def test_bad_pair_colors_are_named():

@@ -147,20 +147,34 @@ class CallCounter:
 
 
 def budget(ctx: DistContext, name: str, seed: int) -> Dict[str, Any]:
-    layout = case_layout(name, ctx.world_size)
-    params = _local_params(layout, ctx.rank)
-    own = (layout["owner"] == ctx.rank).nonzero()[:, 0]
-    with CallCounter() as counter:
-        with counter.count():
-            colors, alphas, meta = _render(layout, params)
-        forward = (dict(counter.calls), list(counter.a2a_bytes))
-        loss = weighted_loss(colors, alphas, own, seed)
-        with counter.count():
-            loss.backward()
-        backward = (dict(counter.calls), list(counter.a2a_bytes))
-    start, end = layout["bounds"][ctx.rank]
-    return {"forward": forward, "backward": backward, "comm": meta["comm"],
-            "bounds": (start, end), "own": own}
+    """Two calls: a user's (checks on, the case's owners, not rank-major) and the trainer's
+    (check_finite and check_cameras off, rank-major owners as the batcher draws them). The
+    owners are passed as a list: they are host values (the counter cannot tell a CPU tensor
+    that lives on the host from one standing in for a device tensor)."""
+    out: Dict[str, Any] = {}
+    for mode in ("user", "trainer"):
+        layout = case_layout(name, ctx.world_size)
+        if mode == "trainer":
+            layout["owner"] = layout["owner"].sort().values
+        params = _local_params(layout, ctx.rank)
+        own = (layout["owner"] == ctx.rank).nonzero()[:, 0]
+        checks = {} if mode == "user" else {"check_finite": False, "check_cameras": False}
+        owners = layout["owner"].tolist()
+        with CallCounter() as counter:
+            with counter.count():
+                colors, alphas, meta = distributed_rasterize(
+                    *params, layout["viewmats"], layout["Ks"], 32, 24, owners,
+                    sh_degree=layout["sh_degree"], packed=layout["packed"], backend="torch",
+                    **layout["render_kwargs"], **checks)
+            forward = (dict(counter.calls), list(counter.a2a_bytes))
+            loss = weighted_loss(colors, alphas, own, seed)
+            with counter.count():
+                loss.backward()
+            backward = (dict(counter.calls), list(counter.a2a_bytes))
+        start, end = layout["bounds"][ctx.rank]
+        out[mode] = {"forward": forward, "backward": backward, "comm": meta["comm"],
+                     "bounds": (start, end), "own": own, "owner": layout["owner"]}
+    return out
 
 
 # ------------------------------------------------------------------------- bad inputs

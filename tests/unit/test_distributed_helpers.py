@@ -14,8 +14,9 @@ from distsplat.distributed import (
     world_size,
 )
 from distsplat.distributed import exchange as ex
-from distsplat.distributed.render import _destinations, _GatherRows, _local_camera_ids, _pack, _ScatterRows, _unpack
+import distsplat.distributed.render as render_mod
 from distsplat.render import Pairs, check_inputs
+from distsplat.render.gather import gather_rows
 
 
 def test_one_process_context_without_torchrun(monkeypatch):
@@ -80,68 +81,90 @@ def test_camera_checksum_sees_one_ulp_and_reordering():
     assert h != ex.camera_checksum([v.double(), K, owner], torch.device("cpu"))
 
 
-def test_local_camera_ids_index_each_owners_cameras_in_batch_order():
-    owner = torch.tensor([2, 0, 2, 1, 0, 2])
-    assert _local_camera_ids(owner, 3).tolist() == [0, 0, 1, 0, 1, 2]
-
-
-def test_pack_unpack_round_trip_sorts_by_camera():
-    M, D = 6, 4
-    g = torch.Generator().manual_seed(0)
-    pairs = Pairs(
-        camera_ids=torch.tensor([0, 0, 1, 3, 3, 3]), gaussian_ids=torch.arange(M),
-        radii=torch.randint(1, 50, (M, 2), generator=g, dtype=torch.int32),
+def _pairs(camera_ids, D=4, seed=0):
+    M = len(camera_ids)
+    g = torch.Generator().manual_seed(seed)
+    return Pairs(
+        camera_ids=torch.tensor(camera_ids), gaussian_ids=torch.arange(M),
+        radii=torch.randint(-3, 50, (M, 2), generator=g, dtype=torch.int32),
         means2d=torch.randn(M, 2, generator=g), depths=torch.rand(M, generator=g),
         conics=torch.randn(M, 3, generator=g), opacities=torch.rand(M, generator=g),
         colors=torch.rand(M, D, generator=g),
     )
-    local = torch.tensor([1, 0, 7, 0])  # batch camera -> receiver's camera; reorders the pairs
-    payload = _pack(pairs, local, torch.float32)
-    assert payload.shape == (M, 10 + D)
-    out, sink, dirs = _unpack(payload, D, torch.float32)
-    assert sink is None and dirs is None
-    order = torch.argsort(local[pairs.camera_ids], stable=True)
-    assert torch.equal(out.camera_ids, local[pairs.camera_ids][order])
-    assert torch.equal(out.radii, pairs.radii[order]) and out.radii.dtype == torch.int32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("D,dirs,sink,depth_grad", [(4, 0, 0, False), (3, 0, 0, True), (5, 3, 2, False)])
+def test_pack_unpack_round_trip_keeps_every_field_and_the_integer_bits(dtype, D, dirs, sink, depth_grad):
+    """The payload is one cat in the pairs' order; integers ride as raw bits (negative radii,
+    camera ids past float32's 2^24 too), padded to an 8-byte column; the receiver gets its
+    own cameras' local ids from the layout."""
+    pairs = _pairs([1, 1, 3, 3, 3, 3], D)  # batch positions of rank 0's cameras, as it receives them
+    layout = render_mod._layout((1, 0, 1, 0), 2, 0, torch.device("cpu"))  # rank 0 owns cameras 1 and 3
+    M = len(pairs)
+    local = render_mod._Local(status=0, pairs=pairs, dirs=torch.randn(M, 3) if dirs else None,
+                              sink=torch.zeros(M, 2) if sink else None)
+    cols = render_mod._Columns(D=D, dirs=dirs, sink=sink, depth_grad=depth_grad, int_cols=8 // dtype.itemsize)
+    payload = render_mod._pack(local, cols, dtype)
+    assert payload.shape == (M, cols.total) and payload.dtype == dtype
+    assert (cols.n_float + cols.pad) % cols.int_cols == 0
+    head, tail = payload[:, :cols.n_grad], payload[:, cols.n_grad:]
+    out, got_sink, got_dirs = render_mod._unpack(head, tail, cols, layout)
+    assert out.camera_ids.tolist() == [0, 0, 1, 1, 1, 1]  # cameras 1 -> 0, 3 -> 1 of rank 0's
+    assert torch.equal(out.radii, pairs.radii) and out.radii.dtype == torch.int32
     for f in ("means2d", "depths", "conics", "opacities", "colors"):
-        assert torch.equal(getattr(out, f), getattr(pairs, f)[order]), f
+        assert torch.equal(getattr(out, f), getattr(pairs, f).to(dtype)), f
+    assert (got_dirs is None) == (not dirs) and (got_sink is None) == (not sink)
+    if dirs:
+        assert torch.equal(got_dirs, local.dirs.to(dtype))
     assert (out.gaussian_ids == -1).all()
+    big = torch.tensor([2**40 + 3, 2**24 + 1])  # raw bits, not float values
+    assert torch.equal(render_mod._as_columns(big, dtype).view(torch.int64)[:, 0], big)
+
+
+def test_layout_of_owners():
+    lay = render_mod._layout((2, 0, 2, 1, 0, 2), 3, 2, torch.device("cpu"))
+    assert lay.own == (0, 2, 5) and lay.own_idx.tolist() == [0, 2, 5] and not lay.rank_major
+    assert lay.local_of.tolist() == [0, 0, 1, 0, 1, 2]
+    assert lay.by_rank == ((1, 4), (3,), (0, 2, 5))
+    major = render_mod._layout((0, 0, 1, 2, 2), 3, 1, torch.device("cpu"))
+    assert major.rank_major and major.bounds.tolist() == [0, 2, 3, 5] and major.own == (2,)
 
 
 @pytest.mark.parametrize("W", [1, 2, 3, 5])
-def test_destinations_equal_a_stable_sort_by_owner(W):
-    """_destinations' per-camera arithmetic against the definition it replaces: counts are
-    a histogram of the pairs' owners, positions invert a stable argsort by owner."""
+def test_block_spans_group_the_pairs_by_owner_and_back(W):
+    """The camera blocks in destination order equal a stable sort of the pairs by owner,
+    and the backward puts every gradient row back where its pair was."""
     g = torch.Generator().manual_seed(W)
     C = 7
-    owner = torch.randint(0, W, (C,), generator=g)
+    owner = tuple(torch.randint(0, W, (C,), generator=g).tolist())
     per_cam = torch.tensor([3, 0, 5, 1, 0, 4, 2])  # cameras that see nothing included
     camera_ids = torch.repeat_interleave(torch.arange(C), per_cam)  # sorted by camera
-    counts, position = _destinations(camera_ids, owner, W)
-    dest = owner[camera_ids]
-    assert torch.equal(counts, torch.bincount(dest, minlength=W))
-    order = torch.argsort(dest, stable=True)  # the grouped payload's row j is pair order[j]
-    assert torch.equal(position[order], torch.arange(len(camera_ids)))
-
-
-def test_row_permutations_move_values_and_gradients_back():
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(6, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    perm = torch.randperm(6, generator=g)
-    w = torch.randn(6, 3, generator=g, dtype=torch.float64)
-    scattered = _ScatterRows.apply(x, perm)
-    assert torch.equal(scattered[perm], x.detach())
-    (scattered * w).sum().backward()
-    assert torch.equal(x.grad, w[perm])
-    x.grad = None
-    gathered = _GatherRows.apply(x, perm)
-    assert torch.equal(gathered, x.detach()[perm])
-    (gathered * w).sum().backward()
+    starts = [0] + torch.cumsum(per_cam, 0).tolist()
+    spans, back = render_mod._block_spans(starts, render_mod._layout(owner, W, 0, torch.device("cpu")))
+    x = torch.randn(len(camera_ids), 3, dtype=torch.float64, requires_grad=True)
+    out = render_mod._Blocks.apply(x, spans, back)
+    order = torch.argsort(torch.tensor(owner)[camera_ids], stable=True)
+    assert torch.equal(out, x.detach()[order])
+    w = torch.randn_like(out)
+    (out * w).sum().backward()
     want = torch.zeros_like(w)
-    want[perm] = w
+    want[order] = w
     assert torch.equal(x.grad, want)
-    assert torch.autograd.gradcheck(lambda t: _ScatterRows.apply(t, perm), (x,))
-    assert torch.autograd.gradcheck(lambda t: _GatherRows.apply(t, perm), (x,))
+    assert torch.autograd.gradcheck(lambda t: render_mod._Blocks.apply(t, spans, back), (x,))
+
+
+def test_gather_rows_backward_is_the_indexing_gradient():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    idx = torch.tensor([4, 0, 4, 2, 4, 1])
+    w = torch.randn(6, 3, dtype=torch.float64, generator=g)
+    (gather_rows(x, idx) * w).sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    (x[idx] * w).sum().backward()
+    assert torch.equal(got, x.grad)
+    assert torch.autograd.gradcheck(lambda t: gather_rows(t, idx), (x,))
 
 
 def test_one_process_call_has_no_collective_and_rejects_bad_owner():
