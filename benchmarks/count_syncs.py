@@ -16,8 +16,9 @@ Python line that caused them. Three steps are counted, each after warm-up steps:
 
 The claim this checks (distsplat/distributed/render.py): the distributed layer adds ONE
 sync per forward (the count transfer); gsplat's packed projection does one .item() of its
-own (the debug mode does not report isect_tiles' .item()); the trainer adds one read of the
-divergence check (train/faults.py, --max_bad_steps).
+own (the debug mode does not report isect_tiles' .item()); the divergence check
+(train/faults.py, --max_bad_steps) adds none: its flags are read by the loop, after the step,
+once their copy has landed.
 
 Needs a CUDA GPU. Environment: SCENE (a COLMAP folder; default $DISTSPLAT_DATA/thermos,
 else the built-in synthetic scene), DATA_FACTOR (2), WARMUP (3). Writes
@@ -149,7 +150,7 @@ def main() -> None:
         "counted_step": warmup, "syncs": results,
         "claim": ("distsplat's distributed layer adds one sync per forward (the count transfer); gsplat's "
                   "packed projection does one .item() of its own (its isect_tiles' .item() is not reported "
-                  "by the debug mode); the trainer adds the divergence check's one read (--max_bad_steps). "
+                  "by the debug mode); the divergence check (--max_bad_steps) adds none in the step. "
                   "gsplat_step is the trainer's counterpart written with gsplat.rasterization(packed=False)"),
     }
     path = write_result("host_syncs_cuda", payload)

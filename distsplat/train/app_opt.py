@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributed import all_reduce_sum
-from .gaussians import rgb_to_sh
+from .gaussians import adam_step, rgb_to_sh
 
 FEATURE_DIM = 32  # gsplat's feature_dim with --app_opt
 MLP_WIDTH, MLP_DEPTH = 64, 2  # gsplat's AppearanceOptModule defaults
@@ -89,8 +89,9 @@ class Appearance:
 
     def _make_optimizers(self) -> None:
         s = math.sqrt(self.global_batch)
-        self.embed_opt = torch.optim.Adam([self.embeds], lr=self.lr * s * 10.0, weight_decay=self.reg)
-        self.mlp_opt = torch.optim.Adam(self.mlp.parameters(), lr=self.lr * s)
+        # fused: the one Adam that skips a diverged step on the device (gaussians.adam_step)
+        self.embed_opt = torch.optim.Adam([self.embeds], lr=self.lr * s * 10.0, weight_decay=self.reg, fused=True)
+        self.mlp_opt = torch.optim.Adam(self.mlp.parameters(), lr=self.lr * s, fused=True)
 
     def to(self, dtype: torch.dtype) -> None:
         """Another dtype (tests train in float64), with fresh optimizers."""
@@ -147,10 +148,12 @@ class Appearance:
         self.embed_opt.zero_grad(set_to_none=True)
         self.mlp_opt.zero_grad(set_to_none=True)
 
-    def step(self) -> None:
+    def step(self, found_inf: Optional[Tensor] = None) -> None:
         """After backward, on every rank: the MLP's gradient summed over ranks (ONE
         all-reduce of the flattened gradient), then the same Adam step everywhere; the
-        embeddings' Adam on this rank's rows (their gradient is complete here)."""
+        embeddings' Adam on this rank's rows (their gradient is complete here). Neither
+        steps where `found_inf` [] is 1.0 (the divergence check, on every rank's own
+        gradients before this sum)."""
         ps = list(self.mlp.parameters())
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
         flat = all_reduce_sum(flat)
@@ -160,8 +163,8 @@ class Appearance:
             at += p.numel()
         if self.embeds.grad is None:  # no own image in the batch: Adam still steps (momentum, decay)
             self.embeds.grad = torch.zeros_like(self.embeds)
-        self.embed_opt.step()
-        self.mlp_opt.step()
+        adam_step(self.embed_opt, found_inf)
+        adam_step(self.mlp_opt, found_inf)
         self.zero_grad()
 
     # ----------------------------------------------------------------- checkpoint
@@ -194,7 +197,8 @@ class Appearance:
         self._make_optimizers()
         self.mlp_opt.load_state_dict(state["mlp_optimizer"])
         if float(state["step"]) > 0:
-            self.embed_opt.state[self.embeds] = {"step": state["step"].clone(),
+            # a fused Adam's step counter: float32 beside its parameter
+            self.embed_opt.state[self.embeds] = {"step": state["step"].to(dev, torch.float32, copy=True),
                                                  "exp_avg": state["exp_avg"][own].to(dev),
                                                  "exp_avg_sq": state["exp_avg_sq"][own].to(dev)}
 

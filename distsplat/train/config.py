@@ -150,7 +150,7 @@ class Config:
     # Divergence guard (issue 21; distsplat/train/faults.py)
     max_bad_steps: int = 10
     """A step whose loss or gradients are NaN/Inf on any rank is skipped on every rank (no update); after this
-    many in a row the run saves the last good state and stops. 0: no check (one host sync less per step)."""
+    many in a row the run saves the last good state and stops. 0: no check (one small all-reduce less per step)."""
 
     # --- Several nodes (issue 20): images staged on each node's local disk (train/node_data.py)
     node_local_data: bool = False

@@ -10,14 +10,27 @@ finalized only once every shard is written. The last complete checkpoint is neve
 the new one lives in its `.tmp` directory until `checkpoint.finalize` renames it.
 
 A diverging step.  A step whose loss or gradients hold NaN or Inf on any rank is skipped by
-every rank (no Adam update, no densification bookkeeping): `DivergenceGuard.bad_step`
+every rank: no Adam update (nor its step count), nothing added to the densification
+statistics, no MCMC noise, its loss left out of the logged average. `DivergenceGuard.check`
 folds a finiteness check of this rank's loss and gradients into one all-reduce of W flags
-and reads it back (one host sync per step; --max_bad_steps 0 turns the check off). It is a
-new collective per step because none of the existing ones can carry it: the count exchange
-and the payload run before the loss exists, and the reverse payload before the gradients
-are complete; the flag is only known once backward has finished on every rank. After
---max_bad_steps such steps in a row the trainer saves the last good state and raises
-`DivergenceError`.
+and returns the step's `found_inf`, a 0-dim tensor on the device that the step uses where it
+is (GradScaler's protocol: torch's fused Adam skips its update in its kernel when it is 1;
+strategies.py masks the statistics with it) and never reads on the host (--max_bad_steps 0
+turns the check off). It is a new collective per step because none of the existing ones can
+carry it: the count exchange and the payload run before the loss exists, and the reverse
+payload before the gradients are complete; the flag is only known once backward has
+finished on every rank. What a refinement or opacity reset due at a bad step does is no
+longer skipped: it runs from the statistics of the good steps before it.
+
+The host reads the flags afterwards, for the warnings and --max_bad_steps (`poll`, called by
+the loop after each step): a non-blocking copy into pinned memory and a CUDA event per step
+(`FlagReader`), read in step order once the event has completed, waited for only at log
+intervals, saves, evaluations and the end of the run, and past READ_LAG steps (in practice
+landed long before). Ranks read at their own pace, so the stop is decided on flags every rank
+has read at the same step: once --max_bad_steps bad steps in a row are read, every rank
+saves the last good state (a bad step changed nothing) and raises `DivergenceError` at the
+same step. On CPU every copy is complete: each step's flags are read and decided right
+after it, exactly when the read inside the step used to decide.
 """
 
 from __future__ import annotations
@@ -26,8 +39,9 @@ import errno
 import logging
 import os
 import shutil
+from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -151,56 +165,139 @@ class DivergenceError(RuntimeError):
     """Training stopped after --max_bad_steps steps in a row with NaN/Inf loss or gradients."""
 
 
+READ_LAG = 8  # steps: on CUDA, the flags of step s are read by the end of step s + READ_LAG
+
+
+class FlagReader:
+    """Per-step [W] flags of the device, read on the host once their copy has landed, in
+    step order: a non-blocking copy into pinned memory and an event per step on CUDA; on
+    CPU the flags themselves, already complete. `events` (tests): a callable returning an
+    object with query() and synchronize(), recorded after the copy."""
+
+    def __init__(self, device: torch.device, events: Optional[Callable[[], Any]] = None):
+        self.device = device
+        self.events = events if events is not None else (_cuda_event if device.type == "cuda" else None)
+        self._pending: Deque[Tuple[int, Tensor, Any]] = deque()  # (step, host flags [W], event or None)
+        self._free: List[Tensor] = []  # pinned buffers whose copy was read: reused
+
+    def push(self, step: int, flags: Tensor) -> None:
+        """Queues step `step`'s flags [W] (on the device) for the host; never waits."""
+        if self.device.type == "cuda":
+            host = self._free.pop() if self._free else torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+        else:
+            host = flags.detach()  # already on the host, complete
+        self._pending.append((step, host, self.events() if self.events is not None else None))
+
+    def pop(self, wait_before: int = 0) -> Optional[Tuple[int, List[float]]]:
+        """The oldest queued (step, flags) whose copy has landed; None when there is none. A
+        step before `wait_before` is waited for (a blocking read, once)."""
+        if not self._pending:
+            return None
+        step, host, event = self._pending[0]
+        if event is not None and not event.query():
+            if step >= wait_before:
+                return None
+            event.synchronize()
+        self._pending.popleft()
+        flags = host.tolist()  # a landed copy: no device sync
+        if self.device.type == "cuda":
+            self._free.append(host)  # its copy is done: the buffer serves a later step
+        return step, flags
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+def _cuda_event() -> "torch.cuda.Event":
+    event = torch.cuda.Event()
+    event.record()  # on the current stream, after the copy
+    return event
+
+
 class DivergenceGuard:
-    """Finds steps whose loss or gradients are not finite on any rank, the same step on all."""
+    """Finds steps whose loss or gradients are not finite on any rank, the same step on all:
+    on the device in the step (`check`), on the host later (`poll`)."""
 
     def __init__(self, ctx: DistContext, device: torch.device, max_bad_steps: int):
         self.ctx, self.device, self.max_bad = ctx, device, max_bad_steps
         self.in_a_row = 0
         self.skipped = 0
         self.first_bad: Optional[int] = None  # first step of the current run of bad steps
+        self.last_bad: Optional[int] = None  # last bad step read
         self.bad_ranks: List[int] = []
+        self.found: Optional[Tensor] = None  # [] the last checked step's found_inf, on the device
+        self.reader = FlagReader(device)
 
-    def bad_step(self, step: int, loss: Tensor, params: Dict[str, Tensor]) -> bool:
-        """After backward: True when any rank's loss or gradients hold NaN/Inf (every rank
-        returns the same). One all-reduce of W flags and one host read per step; False
+    def check(self, step: int, loss: Tensor, params: Dict[str, Tensor]) -> Optional[Tensor]:
+        """After backward: found_inf [] float32 on the device, 1.0 when any rank's loss or
+        gradients hold NaN/Inf (the same on every rank), else 0.0; also kept as `found`.
+        One all-reduce of W flags and no host read: the flags are queued for `poll`. None
         without either when the check is off (--max_bad_steps 0)."""
+        self.found = None
         if self.max_bad <= 0:
-            return False
+            return None
         W, r = self.ctx.world_size, self.ctx.rank
         # Sums propagate NaN and Inf: one finiteness test of W+1 scalars, no [N] mask kept.
         sums = [loss.detach().float().reshape(())]
         sums += [p.grad.detach().float().sum() for p in params.values() if p.grad is not None]
         flags = torch.zeros(W, device=self.device)  # [W]
         flags[r] = (~torch.isfinite(torch.stack(sums))).any().float()
-        ranks = [q for q, f in enumerate(all_reduce_sum(flags).tolist()) if f]  # the added host sync
+        flags = all_reduce_sum(flags)  # [W] every rank's flag
+        self.reader.push(step, flags)
+        self.found = (flags.sum() > 0).float()  # []
+        return self.found
+
+    def poll(self, done: int, flush: bool) -> bool:
+        """On the host after step `done - 1`: reads the queued flags in step order (rank 0 warns
+        per bad step) and says whether the run must stop. At `flush` (log intervals, saves,
+        evaluations, the end) every flag is read, waiting for the copies; otherwise those that
+        have landed, and those of steps more than READ_LAG back even if not (in practice
+        landed long before: each step's forward waits for its count exchange). Reading stops
+        at divergence (a later good step must not hide it). True when --max_bad_steps bad
+        steps in a row were read, the last of them before `agreed` (`done` at a flush or on
+        CPU, where every copy is complete, else done - READ_LAG): every rank has read every
+        flag before `agreed`, so every rank stops at the same step, whenever each rank's
+        copies land."""
+        lazy = self.reader.events is not None and not flush
+        agreed = done - READ_LAG if lazy else done
+        while not self.diverged:
+            item = self.reader.pop(wait_before=agreed)
+            if item is None:
+                break
+            self._read(*item)
+        return self.diverged and self.last_bad < agreed
+
+    def _read(self, step: int, flags: List[float]) -> None:
+        ranks = [q for q, f in enumerate(flags) if f]
         if not ranks:
             self.in_a_row, self.first_bad = 0, None
-            return False
+            return
         self.in_a_row += 1
         self.skipped += 1
-        self.bad_ranks = ranks
+        self.bad_ranks, self.last_bad = ranks, step
         if self.first_bad is None:
             self.first_bad = step
         if self.ctx.is_main:
             log.warning("step %d skipped: the loss or gradients are NaN/Inf on rank(s) %s (%d bad step(s) in a "
                         "row; the run stops at --max_bad_steps %d)", step, ranks, self.in_a_row, self.max_bad)
-        return True
 
     @property
     def diverged(self) -> bool:
         return 0 < self.max_bad <= self.in_a_row
 
     def error(self, saved: bool, ckpt_root: Path, step: int) -> DivergenceError:
-        """The error that ends the run; `saved`: whether the last good state was checkpointed."""
+        """The error that ends the run; `saved`: whether the last good state was checkpointed
+        at `step` (on CUDA possibly past the last bad step read: the steps between were
+        good, or skipped too)."""
         if saved:
             kept = f"The last good state is saved: resume with --ckpt {ck.step_dir(ckpt_root, step)}"
         else:
             kept = ("Saving the last good state failed (see the warning above); "
                     f"{SaveGuard.last_complete(ckpt_root)}")
         e = DivergenceError(
-            f"training diverged: {self.in_a_row} steps in a row (steps {self.first_bad} to {step - 1}) had NaN/Inf "
-            f"loss or gradients (last on rank(s) {', '.join(map(str, self.bad_ranks))}), --max_bad_steps "
+            f"training diverged: {self.in_a_row} steps in a row (steps {self.first_bad} to {self.last_bad}) had "
+            f"NaN/Inf loss or gradients (last on rank(s) {', '.join(map(str, self.bad_ranks))}), --max_bad_steps "
             f"{self.max_bad}; none of them changed the Gaussians. {kept}. Lower the learning rates (e.g. "
             "--means_lr, --scales_lr) or check the input images and poses")
         e.agreed = True  # every rank raises it at the same step: no traceback (cli.main)

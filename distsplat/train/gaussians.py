@@ -114,16 +114,18 @@ def create_optimizers(
     each beta is beta ** B instead: the decay of B one-image steps (Grendel-GS's scaling);
     4 GPUs x --batch_size 4 is B = 16.
 
-    fused (default: on CUDA): torch's fused Adam, one kernel per parameter and step where
-    the default (foreach) launches about seven; the same update up to rounding. Its step
-    counter lives on the parameter's device (checkpoint.load_rows_into puts it there). On
-    CPU the default stays torch's own choice (the single-tensor loop)."""
+    fused (default: on every device): torch's fused Adam, one kernel per parameter and step
+    where the default (foreach) launches about seven; the same update up to rounding (on
+    CPU about 1 ulp per step from torch's single-tensor loop). It is the one Adam that takes
+    a `found_inf` on the device (adam_step: the divergence check skips a step without a
+    host read). Its step counter lives on the parameter's device (checkpoint.load_rows_into
+    puts it there). fused=False: torch's own choice (foreach on CUDA, the loop on CPU)."""
     lrs = {**BASE_LRS, **(lrs or {})}
     B = global_batch
     out = {}
     for name, p in params.items():
         lr = lrs[name] * (scene_scale if name == "means" else 1.0)
-        use_fused = p.is_cuda if fused is None else fused
+        use_fused = True if fused is None else fused
         out[name] = torch.optim.Adam(
             [{"params": [p], "lr": lr * math.sqrt(B), "name": name}],
             eps=1e-15 / math.sqrt(B),
@@ -131,6 +133,21 @@ def create_optimizers(
             **({"fused": True} if use_fused else {}),  # not fused=False: that also turns foreach off
         )
     return out
+
+
+def adam_step(optimizer: torch.optim.Optimizer, found_inf: Optional[Tensor] = None) -> None:
+    """optimizer.step(), skipped on the device when `found_inf` ([] float32 on the params'
+    device) is 1.0: GradScaler's protocol, which torch's fused Adam honours in its kernel
+    (no update, moments untouched, its step count not advanced) without a host read. The
+    optimizer must be fused when found_inf is given (torch's other Adams refuse it)."""
+    if found_inf is None:
+        optimizer.step()
+        return
+    optimizer.found_inf = found_inf
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
 
 
 def activated(params: torch.nn.ParameterDict, sh_degree: Optional[int] = None) -> Dict[str, Tensor]:

@@ -18,13 +18,14 @@ in closed form (T is rigid): no matrix inverse in the step.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributed import all_reduce_sum
+from .gaussians import adam_step
 
 IDENTITY_6D = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 
@@ -60,8 +61,9 @@ class PoseCorrections:
         self._make_optimizer()
 
     def _make_optimizer(self) -> None:
+        # fused: the one Adam that skips a diverged step on the device (gaussians.adam_step)
         self.optimizer = torch.optim.Adam([self.deltas], lr=self.lr * math.sqrt(self.global_batch),
-                                          weight_decay=self.reg)
+                                          weight_decay=self.reg, fused=True)
 
     def to(self, dtype: torch.dtype) -> None:
         """Another dtype (tests train in float64), with a fresh optimizer."""
@@ -73,12 +75,13 @@ class PoseCorrections:
         corrected [C, 4, 4], differentiable in the corrections."""
         return correction_inverse(self.deltas[cameras].to(viewmats.dtype)) @ viewmats
 
-    def step(self) -> None:
+    def step(self, found_inf: Optional[Tensor] = None) -> None:
         """After backward, on every rank: the gradient summed over ranks (one all-reduce),
-        then the same Adam step everywhere."""
+        then the same Adam step everywhere (none where `found_inf` [] is 1.0: the divergence
+        check, which read every rank's own gradient before this sum)."""
         grad = self.deltas.grad if self.deltas.grad is not None else torch.zeros_like(self.deltas)
         self.deltas.grad = all_reduce_sum(grad)
-        self.optimizer.step()
+        adam_step(self.optimizer, found_inf)
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> Dict[str, Any]:

@@ -19,7 +19,15 @@ stream depends on which rank holds which Gaussians). Prune, duplicate and split 
 ids like any per-Gaussian state. MCMC stays per rank by design (its multinomial draws come
 from the rank's RNG); it only keeps the ids unique: a relocated Gaussian gets an id derived
 from its slot's old one, an added one from the id of the row at its position j < N. A
-state without "uid" (a strategy used on its own) numbers its Gaussians 0..N-1 first."""
+state without "uid" (a strategy used on its own) numbers its Gaussians 0..N-1 first.
+
+And the step's `good` flag (faults.py's divergence check: [] 1.0, or 0.0 when the loss or
+gradients of the step are NaN/Inf on any rank; on the device, never read on the host):
+`step_post_backward(..., good=)` adds nothing to DefaultStrategy's grad2d/count/radii on a
+bad step, and injects no MCMC position noise (its lr scaled by the flag). Everything else
+runs as on a good step: a refinement (grow, prune; relocate, add) or an opacity reset that
+falls on a bad step runs from the statistics of the good steps before it (before the
+check moved onto the device, a bad step skipped them). good=None: gsplat's step as is."""
 
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
 import torch
+from torch import Tensor
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 from gsplat.strategy import MCMCStrategy as GsplatMCMCStrategy
 from gsplat.strategy.ops import reset_opa
@@ -66,9 +75,53 @@ class DefaultStrategy(GsplatDefaultStrategy):
         step: int,
         info: Dict[str, Any],
         packed: bool = False,
+        good: Optional[Tensor] = None,
     ) -> None:
-        super().step_post_backward(params, optimizers, state, step, info, packed=packed)
+        """gsplat's step (statistics, then grow and prune at refine steps), the opacity
+        reset; `good` ([] 1.0 or 0.0 on the device, None: 1) weighs this step's statistics."""
+        self._good = good
+        try:
+            super().step_post_backward(params, optimizers, state, step, info, packed=packed)
+        finally:
+            self._good = None
         reset_opacities_if_due(self, params, optimizers, state, step)
+
+    # This step's weight while step_post_backward runs (not a field: not a flag, not saved).
+    _good: ClassVar[Optional[Tensor]] = None
+
+    def _update_state(self, params, state: Dict[str, Any], info: Dict[str, Any], packed: bool = False) -> None:
+        """gsplat 1.5.3's running statistics (the screen-space gradient norm summed into
+        grad2d [N], the views counted in count [N], the largest normalised radius in radii
+        [N]), with the step's weight `_good`: a good step (1.0) adds exactly what gsplat
+        adds, a bad one (0.0) nothing, NaN gradients included (masked with where, not
+        multiplied). Without a weight: gsplat's own method."""
+        good = self._good
+        if good is None:
+            return super()._update_state(params, state, info, packed=packed)
+        for key in ("width", "height", "n_cameras", "radii", "gaussian_ids", self.key_for_gradient):
+            assert key in info, f"{key} is required but missing."
+        means2d = info[self.key_for_gradient]
+        grads = (means2d.absgrad if self.absgrad else means2d.grad).clone()
+        grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]  # to [-1, 1] screen space
+        grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
+        n = len(list(params.values())[0])
+        for key in ("grad2d", "count") + (("radii",) if self.refine_scale2d_stop_iter > 0 else ()):
+            if state[key] is None:
+                state[key] = torch.zeros(n, device=grads.device)
+        if packed:
+            gs_ids = info["gaussian_ids"]  # [nnz]
+            radii = info["radii"].max(dim=-1).values  # [nnz]
+        else:  # grads [C, N, 2]
+            sel = (info["radii"] > 0.0).all(dim=-1)  # [C, N]
+            gs_ids = torch.where(sel)[1]  # [nnz]
+            grads = grads[sel]  # [nnz, 2]
+            radii = info["radii"][sel].max(dim=-1).values  # [nnz]
+        ok = good > 0  # []
+        state["grad2d"].index_add_(0, gs_ids, torch.where(ok, grads.norm(dim=-1), 0.0))
+        state["count"].index_add_(0, gs_ids, torch.ones_like(gs_ids, dtype=torch.float32).mul_(good))
+        if self.refine_scale2d_stop_iter > 0:  # radii >= 0: a bad step's 0 keeps the running max
+            scaled = torch.where(ok, radii / float(max(info["width"], info["height"])), 0.0)
+            state["radii"][gs_ids] = torch.maximum(state["radii"][gs_ids], scaled)
 
     def initialize_state(self, scene_scale: float = 1.0, seed: int = 0) -> Dict[str, Any]:
         """gsplat's state plus "uid" (set by the trainer, else numbered at first growth)
@@ -122,10 +175,16 @@ class MCMCStrategy(GsplatMCMCStrategy):
         """gsplat's state (binoms) plus "uid" (see the module doc) and the run's seed."""
         return {**super().initialize_state(), "uid": None, "seed": seed}
 
-    def step_post_backward(self, params, optimizers, state, step, info, lr) -> None:
+    def step_post_backward(self, params, optimizers, state, step, info, lr, good: Optional[Tensor] = None) -> None:
         """gsplat's step (relocate, add, noise), then the ids of relocated and added rows.
         gsplat's relocate and add see no state (they are passed {}), so the ids are set
-        here: a dead Gaussian (the same test as gsplat's, before relocation) is reborn."""
+        here: a dead Gaussian (the same test as gsplat's, before relocation) is reborn.
+        `good` ([] 1.0 or 0.0 on the device): the noise's lr is scaled by it, so a bad step
+        moves no Gaussian (the noise is still drawn: the rank's stream advances as on any
+        step)."""
+        if good is not None:
+            # float64: a good step's scale lr * noise_lr is gsplat's product to the last bit
+            lr = good.to(torch.float64) * lr
         refine = self.refine_start_iter < step < self.refine_stop_iter and step % self.refine_every == 0
         if refine:
             ids = ids_of(state, len(params["means"]), params["means"].device)

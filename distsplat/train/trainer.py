@@ -48,8 +48,8 @@ from .lpips import load_lpips
 from .metrics import report_eval
 from .trajectory import camera_path
 from .video import render_frames, write_mp4
-from .gaussians import (activated, check_finite_params, create_optimizers, from_float_rows, init_gaussians,
-                        initial_ids, random_points, to_float_rows)
+from .gaussians import (activated, adam_step, check_finite_params, create_optimizers, from_float_rows,
+                        init_gaussians, initial_ids, random_points, to_float_rows)
 from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
@@ -262,18 +262,24 @@ class Trainer:
             progress = tqdm(total=cfg.max_steps, initial=self.start_step, dynamic_ncols=True,
                             disable=not sys.stderr.isatty())
         t_start = time.perf_counter()
-        loss_sum, loss_n = torch.zeros((), device=self.device), 0
+        loss_sum, loss_n = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
         for step in range(self.start_step, cfg.max_steps):
             self.where = f"at step {step}"
-            loss = self.train_step(step)
+            loss = self.train_step(step).detach()
             done = step + 1
-            if loss is not None:  # None: a NaN/Inf step, skipped on every rank
-                loss_sum, loss_n = loss_sum + loss.detach(), loss_n + 1
-            elif self.divergence.diverged:  # --max_bad_steps in a row: keep the last good state, stop
+            found = self.divergence.found  # [] on the device: 1.0 for a NaN/Inf step, skipped on every rank
+            if found is None:
+                loss_sum, loss_n = loss_sum + loss, loss_n + 1
+            else:  # masked on the device: a skipped step's loss is left out of the average
+                loss_sum, loss_n = loss_sum + torch.where(found > 0, 0.0, loss), loss_n + (1.0 - found)
+            log_step = done % cfg.log_every == 0 or done == cfg.max_steps
+            # The flags are read on the host lazily, all of them before a log, save or eval (faults.py)
+            if self.divergence.poll(done, flush=log_step or done in save_steps or done in eval_steps):
+                # --max_bad_steps in a row: keep the last good state (no bad step changed it), stop
                 raise self.divergence.error(self.save(done), self.result_dir / "ckpts", done)
-            if done % cfg.log_every == 0 or done == cfg.max_steps:
-                self.metrics["loss"] = (loss_sum / loss_n).item() if loss_n else float("nan")  # one sync
-                loss_sum, loss_n = torch.zeros((), device=self.device), 0
+            if log_step:
+                self.metrics["loss"] = (loss_sum / loss_n).item()  # one sync; nan when every step was skipped
+                loss_sum, loss_n = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
                 self.metrics["steps_per_s"] = (done - self.start_step) / (time.perf_counter() - t_start)
                 if progress is not None:
                     progress.set_postfix(loss=f"{self.metrics['loss']:.4f}", GS=self.n_all)
@@ -373,27 +379,23 @@ class Trainer:
         learned = self.params if self.pose is None else {**self.params, "pose": self.pose.deltas}
         learned = learned if self.app is None else {**learned, **self.app.grads()}
         self.ranges("train/divergence")
-        if self.divergence.bad_step(step, loss, learned):  # on any rank: no update, no densify
-            for opt in self.optimizers.values():
-                opt.zero_grad(set_to_none=True)
-            if self.pose is not None:
-                self.pose.optimizer.zero_grad(set_to_none=True)
-            if self.app is not None:
-                self.app.zero_grad()
-            self.ranges.end()
-            return None
+        # [] 1.0 when the loss or gradients are NaN/Inf on any rank (on the device, never read
+        # here; None with --max_bad_steps 0): every fused Adam skips its update, densification
+        # adds nothing to its statistics, the loop leaves the loss out of its average.
+        found = self.divergence.check(step, loss, learned)
+        good = None if found is None else 1.0 - found
         self.ranges("train/optimizer")
         if self.pose is not None:
-            self.pose.step()  # one all-reduce of the corrections' gradient, the same step everywhere
+            self.pose.step(found)  # one all-reduce of the corrections' gradient, the same step everywhere
         if self.app is not None:
-            self.app.step()  # one all-reduce of the MLP's gradient; embeddings on their owner only
+            self.app.step(found)  # one all-reduce of the MLP's gradient; embeddings on their owner only
         lr = self._means_lr(step)
         self.optimizers["means"].param_groups[0]["lr"] = lr
         for opt in self.optimizers.values():
-            opt.step()
+            adam_step(opt, found)
             opt.zero_grad(set_to_none=True)
         self.ranges("train/densify")
-        self._densify(step, meta, lr)
+        self._densify(step, meta, lr, good)
         self.ranges.end()
         return loss
 
@@ -402,13 +404,15 @@ class Trainer:
         s = self.strategy
         return s.refine_start_iter < step < s.refine_stop_iter and step % s.refine_every == 0
 
-    def _densify(self, step: int, meta: Dict[str, Any], lr: float) -> None:
+    def _densify(self, step: int, meta: Dict[str, Any], lr: float, good: Optional[Tensor]) -> None:
+        """The strategy's step; `good` ([] on the device, None: no check) masks what a bad
+        step would add (strategies.py): a refinement due at a bad step still runs."""
         if isinstance(self.strategy, MCMCStrategy):
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state,
-                                             step, meta, lr=lr)
+                                             step, meta, lr=lr, good=good)
         else:
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state,
-                                             step, meta, packed=self.cfg.packed)
+                                             step, meta, packed=self.cfg.packed, good=good)
         if self._is_refine_step(step):
             counts = gather_counts(len(self.params["means"]), self.device)
             self.n_all = sum(counts)

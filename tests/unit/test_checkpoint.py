@@ -222,19 +222,24 @@ def test_steps_past_a_million_sort_by_number(tmp_path):
 
 
 def test_fused_adam_resumes_exactly(tmp_path):
-    """create_optimizers(fused=True) (the default on CUDA; torch's fused Adam also runs on
-    CPU) keeps its step counter beside the parameter: a checkpoint written and read back
-    into fresh fused optimizers continues bit for bit like the uninterrupted run. The same
-    run with the default (unfused) Adam ends within rounding of it: the same update."""
+    """create_optimizers' fused Adam (the default on every device: its found_inf skips a
+    diverged step on the device, faults.py) keeps its step counter beside the parameter: a
+    checkpoint written and read back into fresh fused optimizers continues bit for bit like
+    the uninterrupted run. The same run with torch's unfused Adam (fused=False) ends within
+    rounding of it: the same update."""
     n = 23
 
     def fused_model():
         params, _ = model((0, n))
-        return params, create_optimizers(params, global_batch=2, fused=True)
+        return params, create_optimizers(params, global_batch=2)
+
+    def unfused_model():
+        params, _ = model((0, n))
+        return params, create_optimizers(params, global_batch=2, fused=False)
 
     params, opts = fused_model()
     assert all(o.defaults["fused"] for o in opts.values())
-    assert not any(o.defaults.get("fused") for o in model((0, n))[1].values())  # CPU default: unfused
+    assert not any(o.defaults.get("fused") for o in unfused_model()[1].values())
     adam_steps(params, opts, 3)
     save(tmp_path, 3, [(params, opts, {})])
     p2, o2 = fused_model()
@@ -246,7 +251,7 @@ def test_fused_adam_resumes_exactly(tmp_path):
     for k in params:
         assert torch.equal(params[k], p2[k]), k
         assert torch.equal(opts[k].state[params[k]]["exp_avg_sq"], o2[k].state[p2[k]]["exp_avg_sq"]), k
-    p3, o3 = model((0, n))
+    p3, o3 = unfused_model()
     adam_steps(p3, o3, 3)
     adam_steps(p3, o3, 2)
     for k in params:
