@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,6 +44,18 @@ class CameraBatch:
     camera_owner: Tensor  # [W*k] int64 owner rank of each batch camera (non-decreasing)
     epoch: int
     step: int  # step index within the epoch
+    # The same values on the host, as the batcher drew them (a step's bookkeeping reads
+    # these, not the tensors); None for a batch built from tensors alone.
+    index: Optional[np.ndarray] = field(default=None, compare=False, repr=False)  # [W*k] int64
+    owners: Optional[Tuple[int, ...]] = field(default=None, compare=False, repr=False)  # [W*k]
+
+    def host_cameras(self) -> np.ndarray:
+        """[W*k] int64 `cameras` as a numpy array."""
+        return self.index if self.index is not None else self.cameras.numpy()
+
+    def host_owners(self) -> Tuple[int, ...]:
+        """[W*k] `camera_owner` as Python ints (what distributed_rasterize takes for free)."""
+        return self.owners if self.owners is not None else tuple(self.camera_owner.tolist())
 
     def own(self, rank: int) -> Tensor:
         """Positions in the batch of the cameras `rank` renders, in batch order."""
@@ -112,10 +124,10 @@ class CameraBatcher:
     def batch(self, epoch: int, step: int) -> CameraBatch:
         """The batch of (epoch, step), a pure function of the constructor arguments."""
         orders, slots = self._slots(epoch, step)
-        cameras = np.concatenate([order[slots % len(order)] for order in orders])
+        cameras = np.concatenate([order[slots % len(order)] for order in orders]).astype(np.int64)
         owner = np.repeat(np.arange(self.world_size, dtype=np.int64), self.cameras_per_rank)
-        return CameraBatch(torch.from_numpy(cameras.astype(np.int64)), torch.from_numpy(owner),
-                           epoch, step)
+        return CameraBatch(torch.from_numpy(cameras), torch.from_numpy(owner), epoch, step,
+                           index=cameras, owners=tuple(owner.tolist()))
 
     def own_batch(self, epoch: int, step: int, rank: int) -> List[int]:
         """`rank`'s cameras of batch (epoch, step), in batch order: the same as

@@ -1,16 +1,17 @@
 """The wire between the two render stages: the count exchange and the packed all-to-all.
 
 DESIGN.md's step, seen from one rank: after projecting its Gaussians into every batch
-camera, a rank knows how many pairs it sends to each rank, but not how many it will
-receive. `exchange_counts` swaps those counts in ONE all-to-all of a tiny int64 matrix and
-brings it to the host in ONE transfer (the one host sync this layer adds to a forward;
-in shared-GPU mode the transfer happens before the collective, which then runs on the
-host, so it is still one); the same matrix carries each rank's validation
-status, a checksum of its camera tensors and whether it will run backward, so that a bad
-input on one rank becomes the same error on every rank instead of a hang in the next
-collective. `all_to_all` then moves one packed float payload per direction, and its
-backward is the reverse all-to-all of the payload gradient (one collective; in shared-GPU
-mode each of the two is staged through host memory: one more sync each, see staging.py).
+camera, a rank knows which rows of its payload go to each rank, but not how many it will
+receive. `exchange_counts` swaps those row ranges in ONE all-to-all of a tiny int64 matrix
+(W rows of N_COLUMNS, written into a buffer kept for the process) and brings it to the host
+in ONE transfer (the one host sync this layer adds to a forward; in shared-GPU mode the
+transfer happens before the collective, which then runs on the host, so it is still one);
+the same matrix carries each rank's validation status, a checksum of its camera tensors
+and its payload layout (whether it will run backward, its columns), so that a bad input on
+one rank becomes the same error on every rank instead of a hang in the next collective.
+`all_to_all` then moves one packed payload, and its backward is the reverse all-to-all of
+the payload's gradient columns only (one collective; in shared-GPU mode each of the two is
+staged through host memory: one more sync each, see staging.py).
 """
 
 from __future__ import annotations

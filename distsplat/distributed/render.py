@@ -131,6 +131,11 @@ def _minus_one(device: torch.device) -> Tensor:
 # ------------------------------------------------------------------------ validation
 
 
+# Tests only: treat a CPU `camera_owner` tensor as a device tensor, so CPU runs walk the
+# path where the owners come to the host with the counts.
+_owner_tensor_on_device = False
+
+
 def _host_owner(camera_owner: Owner, C: int) -> Optional[Tuple[int, ...]]:
     """camera_owner's values when they are on the host (a sequence, a CPU tensor), else
     None (a device tensor: its values come to the host with the counts). Raises ValueError
@@ -141,7 +146,8 @@ def _host_owner(camera_owner: Owner, C: int) -> Optional[Tuple[int, ...]]:
                              f"per batch camera), got {tuple(camera_owner.shape)}")
         if camera_owner.is_floating_point() or camera_owner.is_complex() or camera_owner.dtype == torch.bool:
             raise ValueError(f"{FN}: `camera_owner` must be an integer tensor, got {camera_owner.dtype}")
-        return tuple(camera_owner.tolist()) if camera_owner.device.type == "cpu" else None
+        on_host = camera_owner.device.type == "cpu" and not _owner_tensor_on_device
+        return tuple(camera_owner.tolist()) if on_host else None
     try:
         values = tuple(camera_owner)
     except TypeError:

@@ -105,6 +105,7 @@ class Trainer:
         self.width, self.height = int(scene.widths[0]), int(scene.heights[0])
         self.scene_scale = scene_scale(scene, cfg.global_scale)
         self.train_idx = torch.as_tensor(scene.train, dtype=torch.int64)  # [C_train] scene indices
+        self.train_np = self.train_idx.numpy()  # the same, for the host's per-step lookups
         self.test_idx = torch.as_tensor(scene.test, dtype=torch.int64)  # [C_test]
         W, r = ctx.world_size, ctx.rank
         self.pose = setup_pose_opt(cfg, self.viewmats, self.train_idx, cfg.batch_size * W)  # None without --pose_opt
@@ -227,7 +228,7 @@ class Trainer:
 
     def _own_cameras(self, step: int) -> List[int]:
         """This rank's scene cameras of training step `step` (the image loader's schedule)."""
-        train = self.train_idx.numpy()  # a view: per-step lookups without torch ops
+        train = self.train_np  # per-step lookups without torch ops
         return [int(train[c]) for c in self.batcher.own_batch(*self._batch_pos(step), self.ctx.rank)]
 
     def _means_lr(self, step: int) -> float:
@@ -333,7 +334,8 @@ class Trainer:
         batch = self._batch(step)
         images = next(self.loader)
         C = len(batch.cameras)
-        scene_cams = self.train_idx[batch.cameras]  # [C] scene indices
+        scene_np = self.train_np[batch.host_cameras()]  # [C] scene indices (host bookkeeping in numpy)
+        scene_cams = torch.from_numpy(scene_np)
         cams = to_device(scene_cams, self.device)
         sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
         backgrounds = None
@@ -341,14 +343,13 @@ class Trainer:
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
-        viewmats, Ks = self.viewmats[scene_cams], self.Ks[cams]  # [C, 4, 4] (host index: data/poses.py), [C, 3, 3]
+        viewmats, Ks = self.viewmats[scene_np], self.Ks[cams]  # [C, 4, 4] (host index: data/poses.py), [C, 3, 3]
         if self.pose is not None:  # the learned corrections, identical on every rank
             viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
         # One render per image size of the batch (one for a single-size scene), in the same
         # order on every rank. Sum of own images' losses / global batch: the ranks' gradients
         # add up to those of the mean loss over the global batch, whatever W is.
-        sizes = (self.widths[scene_cams.numpy()], self.heights[scene_cams.numpy()])  # [C], [C]
-        groups = size_groups(*sizes, batch.camera_owner, self.ctx.rank)
+        groups = size_groups(self.widths[scene_np], self.heights[scene_np], batch.host_owners(), self.ctx.rank)
         loss, metas = 0.0, []
         for grp in groups:
             self.ranges("train/render")

@@ -120,3 +120,32 @@ def test_edge_cases_are_exercised(world):
     owners = [reference(n, W)["layout"]["owner"] for n in CASES]
     if W > 1:
         assert any((o.diff() < 0).any() for o in owners), "some batch is not rank-major"
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"W{w}")
+def variants(request, run_workers):
+    W = request.param
+    return W, run_workers("workers:render_owner_variants", W, list(CASES), SEED)
+
+
+@pytest.mark.parametrize("variant", ["device", "rank_major"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_owner_variants_equal_one_process(variants, variant, name):
+    """The two other owner paths of the exchange: owners whose values come to the host with
+    the counts (a device tensor) and rank-major owners (the pairs already grouped by rank,
+    what the trainer's batches are). The same renders and gradients as one process."""
+    W, results = variants
+    ref = reference(name, W)
+    for rank, res in enumerate(results):
+        r = res[variant][name]
+        if variant == "rank_major":
+            owner = ref["layout"]["owner"].sort().values
+            assert torch.equal(r["own"], (owner == rank).nonzero()[:, 0])
+        torch.testing.assert_close(r["colors"], ref["colors"][r["own"]], **TOL,
+                                   msg=lambda m: f"rank {rank}, case {name}: {m}")
+        torch.testing.assert_close(r["alphas"], ref["alphas"][r["own"]], **TOL)
+    for i, pname in enumerate(PARAM_NAMES):
+        got = torch.cat([res[variant][name]["grads"][i] for res in results])
+        torch.testing.assert_close(got, ref["grads"][i], **TOL, msg=lambda m: f"{variant} {name} {pname}: {m}")
+    got = sum(res[variant][name]["means2d_grad"] for res in results)
+    torch.testing.assert_close(got, ref["means2d_grad"], **TOL)

@@ -34,13 +34,27 @@ def _render(layout: Dict[str, Any], params: List[torch.Tensor], **overrides: Any
 # ------------------------------------------------------------------------ W-invariance
 
 
-def render_cases(ctx: DistContext, names: List[str], seed: int) -> Dict[str, Any]:
+def render_owner_variants(ctx: DistContext, names: List[str], seed: int) -> Dict[str, Any]:
+    """render_cases twice: with the owners passed as a device tensor would be (their values
+    come to the host with the counts; on CPU forced by a test switch), and with rank-major
+    owners (the trainer's: the pairs need no reordering)."""
+    dist_render._owner_tensor_on_device = True
+    try:
+        device = render_cases(ctx, names, seed)
+    finally:
+        dist_render._owner_tensor_on_device = False
+    return {"device": device, "rank_major": render_cases(ctx, names, seed, rank_major=True)}
+
+
+def render_cases(ctx: DistContext, names: List[str], seed: int, rank_major: bool = False) -> Dict[str, Any]:
     """For each case: this rank's renders, the gradients of its Gaussians for the
     weighted loss over its own cameras, and its densification inputs (means2d.grad,
-    radii) in global ids."""
+    radii) in global ids. rank_major: the case's owners sorted."""
     out = {}
     for name in names:
         layout = case_layout(name, ctx.world_size)
+        if rank_major:
+            layout["owner"] = layout["owner"].sort().values
         params = _local_params(layout, ctx.rank)
         colors, alphas, meta = _render(layout, params)
         own = (layout["owner"] == ctx.rank).nonzero()[:, 0]
