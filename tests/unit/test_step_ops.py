@@ -135,15 +135,15 @@ def test_sorts_float64_and_implicit_syncs_flagged():
 
 
 def test_distsplat_packages_and_in_phase():
-    from distsplat.distributed import render
+    from distsplat.distributed import exchange
 
     c = so.OpCounter()
     owner = torch.tensor([1, 0, 1])
     c.start()
-    c.in_phase("update", render._local_camera_ids)(owner, 2)
+    c.in_phase("update", exchange.camera_checksum)([owner], torch.device("cpu"))
     rec = c.stop()
     assert set(rec["ops"]) == {"update"} and set(rec["ops"]["update"]) == {"distributed"}
-    assert all(s.startswith("distsplat/distributed/render.py:") for s in rec["sites"]["update"])
+    assert all(s.startswith("distsplat/distributed/exchange.py:") for s in rec["sites"]["update"])
 
 
 def test_mean_counts_and_added():
