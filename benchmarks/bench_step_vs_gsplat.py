@@ -22,6 +22,7 @@ folder (default $DISTSPLAT_DATA/thermos) at DATA_FACTOR (1: 946x532).
 
     python benchmarks/bench_step_vs_gsplat.py
 Environment: SCENE, DATA_FACTOR (1), WARMUP (10), REPS (50), PROFILE_STEPS (10), SH_INTERVAL (1),
+PEER_TIMEOUT_S (140: gsplat's run is cut there and reported failed, our side still written),
 GSPLAT_PEER (gsplat's peer folder, default <repo>/.gsplat_peer, scripts/prepare_gsplat_peer.sh),
 FAKE_GSPLAT=1 (no GPU: ours on the CPU with the torch backend, gsplat's side a stand-in peer
 loop (gsplat_peer.write_standin), to check this script's plumbing; the numbers then mean
@@ -122,7 +123,8 @@ def run_gsplat(scene: str, data_factor: int, warmup: int, reps: int, profile: in
         return {"skipped": f"no gsplat peer at {gsplat_peer.PEER}: make it with scripts/prepare_gsplat_peer.sh and "
                            "carry .gsplat_peer"}
     res = gsplat_peer.run_probe("default", scene, data_factor, tempfile.mkdtemp(prefix="peer_step_"), warmup, reps,
-                                profile=profile, extra_args=["--sh_degree_interval", str(sh_interval)], peer=peer)
+                                profile=profile, extra_args=["--sh_degree_interval", str(sh_interval)], peer=peer,
+                                timeout_s=float(os.environ.get("PEER_TIMEOUT_S", 140)))
     if res.get("returncode") != 0:
         return {"failed": res}
     prof = res.get("profiled") or []

@@ -28,7 +28,8 @@ Needs a CUDA GPU; DRY_RUN=1 runs the same code on the CPU (the torch backend, a 
 built-in scene, no sync is reported there; gsplat's side with a stand-in peer,
 gsplat_peer.write_standin) to check this script's plumbing. Environment: SCENE (a COLMAP
 folder; default $DISTSPLAT_DATA/thermos, else the built-in synthetic scene), DATA_FACTOR (2),
-WARMUP (3), GSPLAT_PEER (gsplat's peer folder, default <repo>/.gsplat_peer). Writes
+WARMUP (3), GSPLAT_PEER (gsplat's peer folder, default <repo>/.gsplat_peer), PEER_TIMEOUT_S (100:
+gsplat's run is cut there and reported failed). Writes
 benchmarks/results/host_syncs_cuda.json (host_syncs_dry.json with DRY_RUN=1) and prints one
 summary line.
 """
@@ -155,7 +156,8 @@ def gsplat_step(scene: str, data_factor: int, warmup: int, dry: bool) -> Dict[st
     if not scene:
         return {"skipped": "gsplat's trainer needs a COLMAP scene (SCENE or $DISTSPLAT_DATA/thermos)"}
     res = gsplat_peer.run_probe("default", scene, data_factor, tempfile.mkdtemp(prefix="peer_syncs_"), warmup,
-                                steps=1, count_syncs=True, peer=peer, timeout_s=300)
+                                steps=1, count_syncs=True, peer=peer,
+                                timeout_s=float(os.environ.get("PEER_TIMEOUT_S", 100)))
     if res.get("returncode") != 0:
         return {"failed": res}
     out = dict(res["syncs"] or {})

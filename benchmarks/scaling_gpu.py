@@ -64,6 +64,7 @@ the plumbing; its numbers are no GPU prediction). Writes benchmarks/results/scal
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import random
@@ -717,6 +718,10 @@ def main() -> None:
         t1 = time.perf_counter()
         ranks = run_world(W, job)
         wall = round(time.perf_counter() - t1, 2)
+        if device.type == "cuda" and W == 1:
+            info["max_memory_allocated_GiB_W1"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            gc.collect()
+            torch.cuda.empty_cache()  # the W > 1 rank processes get the device's memory
         setup_s[f"W{W}_s"] = wall
         for i, b in enumerate(batches):
             per_rank = [r[i] for r in ranks]
@@ -741,8 +746,6 @@ def main() -> None:
                   f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent"
                   + (f"; ranges missing: {', '.join(row['ranges_missing'])}" if row["ranges_missing"] else ""),
                   flush=True)
-        if device.type == "cuda" and W == 1:
-            info["max_memory_allocated_GiB_W1"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         path = write()
     path = write()
     by = {(r["W"], r["batch_per_rank"]): r for r in rows}
