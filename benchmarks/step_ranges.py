@@ -88,21 +88,27 @@ class DeviceOp:
 
 
 def spans_and_ops(prof) -> Tuple[List[Span], List[DeviceOp]]:
-    """The named ranges and the device ops of a finished torch.profiler.profile. A device op
-    whose launching op the profiler did not link is placed at its own start (it ran after
-    its launch: never earlier than the leaf that launched it)."""
+    """The named ranges and the device ops of a finished torch.profiler.profile. A device op's
+    launch is the host time of its CUDA runtime call (cudaLaunchKernel, cudaMemcpyAsync...,
+    which shares its correlation id), else of the op or range the profiler linked it to, else
+    its own start (it ran after its launch: never in a leaf before the one that launched it).
+    The device side of user annotations (torch's `gpu_user_annotation`: spans over the kernels
+    of a record_function range, e.g. the optimizer's) is not an op of its own."""
     from torch.autograd import DeviceType
 
     events = prof.events()
-    spans = [Span(e.name, e.time_range.start, e.time_range.end) for e in events
-             if e.name in NAMES and e.device_type == DeviceType.CPU]
-    launches = {e.id: e.time_range.start for e in events
-                if e.device_type == DeviceType.CPU and getattr(e, "linked_correlation_id", 0) == 0}
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    spans = [Span(e.name, e.time_range.start, e.time_range.end) for e in cpu if e.name in NAMES]
+    annotations = {e.name for e in cpu if getattr(e, "is_user_annotation", False)} | set(NAMES)
+    runtime = {e.id: e.time_range.start for e in cpu if getattr(e, "linked_correlation_id", 0) > 0}
+    linked_to = {e.id: e.time_range.start for e in cpu if getattr(e, "linked_correlation_id", 0) == 0}
     ops = []
     for e in events:
-        if e.device_type != DeviceType.CUDA or e.name in NAMES or getattr(e, "is_user_annotation", False):
+        if e.device_type != DeviceType.CUDA or e.name in annotations or getattr(e, "is_user_annotation", False):
             continue
-        launch = launches.get(getattr(e, "linked_correlation_id", 0), e.time_range.start)
+        launch = runtime.get(e.id)
+        if launch is None:
+            launch = linked_to.get(getattr(e, "linked_correlation_id", 0), e.time_range.start)
         ops.append(DeviceOp(e.name, launch, e.time_range.start, e.time_range.end))
     return spans, ops
 

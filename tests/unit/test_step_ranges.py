@@ -151,3 +151,32 @@ def test_taking_turns_holds_the_token_except_inside_a_collective(monkeypatch):
     assert held == [False] and not token.locked() and dist.all_reduce is fake
     with sr.taking_turns(None, torch.device("cpu")):  # one rank: nothing to take turns with
         assert dist.all_reduce is fake
+
+
+def test_profiler_events_become_spans_and_device_ops_launched_where_their_runtime_call_was():
+    """spans_and_ops on a made-up CUDA profile (the CPU has none): a kernel's launch is the host
+    time of its runtime call (same correlation id), else of the op it is linked to, else its
+    own start; the device side of a user annotation is no op."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def ev(name, start, end, device=DeviceType.CPU, id=0, linked=0, annotation=False):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_type=device,
+                               id=id, linked_correlation_id=linked, is_user_annotation=annotation)
+
+    CUDA = DeviceType.CUDA
+    events = [
+        ev("train/render", 0, 100, annotation=True, id=1),
+        ev("Optimizer.step#Adam.step", 100, 150, annotation=True, id=2),
+        ev("aten::mul", 10, 30, id=3),
+        ev("cudaLaunchKernel", 20, 22, id=900, linked=3),  # the runtime call of kernel 900
+        ev("mul_kernel", 200, 210, device=CUDA, id=900, linked=3),
+        ev("add_kernel", 220, 230, device=CUDA, id=901, linked=3),  # no runtime event: its op's start
+        ev("lonely_kernel", 240, 250, device=CUDA, id=902, linked=77),  # linked to nothing known: own start
+        ev("train/render", 0, 300, device=CUDA, annotation=True),  # gpu_user_annotation
+        ev("Optimizer.step#Adam.step", 200, 300, device=CUDA),  # ... without the flag
+    ]
+    spans, ops = sr.spans_and_ops(SimpleNamespace(events=lambda: events))
+    assert spans == [S("train/render", 0, 100)]
+    assert ops == [D("mul_kernel", 20, 200, 210), D("add_kernel", 10, 220, 230), D("lonely_kernel", 240, 240, 250)]
