@@ -12,7 +12,7 @@ users run them, timed the same way.
 
 Steps 0..WARMUP-1 are warm-up; steps WARMUP..WARMUP+REPS-1 are timed one by one, the device
 synchronized before and after each (gsplat's loss.item() synchronizes every step anyway); the
-next PROFILE_STEPS run under torch.profiler: ours per range of the step
+next STEP_PROFILE_STEPS run under torch.profiler: ours per range of the step
 (benchmarks/step_ranges.py: train/batch ... train/densify and the distributed render's
 distsplat/* ranges; CUDA kernel time per range on a GPU, host time on a CPU), gsplat's per step
 with its kernels. Both get --sh_degree_interval SH_INTERVAL (1: SH degree 3 from step 3, as most
@@ -21,7 +21,7 @@ the run's length and no eval or save inside the measured steps. The scene: SCENE
 folder (default $DISTSPLAT_DATA/thermos) at DATA_FACTOR (1: 946x532).
 
     python benchmarks/bench_step_vs_gsplat.py
-Environment: SCENE, DATA_FACTOR (1), WARMUP (10), REPS (50), PROFILE_STEPS (10), SH_INTERVAL (1),
+Environment: SCENE, DATA_FACTOR (1), WARMUP (10), REPS (50), STEP_PROFILE_STEPS (10), SH_INTERVAL (1),
 PEER_TIMEOUT_S (140: gsplat's run is cut there and reported failed, our side still written),
 GSPLAT_PEER (gsplat's peer folder, default <repo>/.gsplat_peer, scripts/prepare_gsplat_peer.sh),
 FAKE_GSPLAT=1 (no GPU: ours on the CPU with the torch backend, gsplat's side a stand-in peer
@@ -160,7 +160,7 @@ def main() -> None:
         sys.exit("bench_step_vs_gsplat.py: SCENE=builtin is for FAKE_GSPLAT=1 only (gsplat's trainer reads COLMAP)")
     factor = int(os.environ.get("DATA_FACTOR", 1))
     warmup, reps = int(os.environ.get("WARMUP", 10)), int(os.environ.get("REPS", 50))
-    profile, sh_interval = int(os.environ.get("PROFILE_STEPS", 10)), int(os.environ.get("SH_INTERVAL", 1))
+    profile, sh_interval = int(os.environ.get("STEP_PROFILE_STEPS", 10)), int(os.environ.get("SH_INTERVAL", 1))
     n = warmup + reps + profile
     cfg = ours_config(None if builtin else scene, factor, n + 1, sh_interval,
                       tempfile.mkdtemp(prefix="step_vs_gsplat_"))
@@ -186,7 +186,7 @@ def main() -> None:
                  "and after: ours around Trainer.train_step, gsplat's between the starts of its loop's iterations "
                  "(gsplat_peer.py probe mode). Each trainer as its users run it, on the same scene and steps: ours "
                  "packed with fused-ssim and fused Adam, gsplat's simple_trainer default (packed=False, fused-ssim). "
-                 "Per range (ours) and per step (gsplat): torch.profiler over PROFILE_STEPS further steps."),
+                 "Per range (ours) and per step (gsplat): torch.profiler over STEP_PROFILE_STEPS further steps."),
     }
     path = write_result(f"step_vs_gsplat_{'fake' if fake else device.type}", payload)
     gs = theirs.get("median_step_ms")

@@ -431,9 +431,10 @@ def rank_job(ctx, job: Dict[str, Any], token=None) -> List[Dict[str, Any]]:
                         calls.clear()
 
                     calls.clear()
-                    records, prof = sr.profile_steps(trainer.train_step, range(first + warmup, first + warmup + steps),
-                                                     device, after_step=cut)
-                    del prof
+                    prof = sr.record_steps(trainer.train_step, range(first + warmup, first + warmup + steps), device,
+                                           after_step=cut)
+                records = sr.analyse(*sr.spans_and_ops(prof))  # the ranks read their profiles at once
+                del prof
                 res: Dict[str, Any] = {
                     "batch": b, "rank": ctx.rank, "gaussians": len(trainer.params["means"]), "n_all": trainer.n_all,
                     "image": [trainer.width, trainer.height],
@@ -597,7 +598,10 @@ def summarize(records: List[Dict[str, Any]], W: int, b: int) -> Dict[str, Any]:
     for r in range(W):
         for seg in SEGMENTS:
             per_rank[r][seg] = round(med(segment(rec["stages_ms"][r], seg) for rec in records), 4)
+        # the rank's whole step, the others' turns in its collectives included; `own`: without them
         per_rank[r]["step"] = round(med(rec["step_ms"][r] for rec in records), 4)
+        per_rank[r]["own"] = round(med(rec["step_ms"][r] - rec["stages_ms"][r].get("collective", 0.0)
+                                       for rec in records), 4)
     bpp = records[0]["bytes_per_pair"]
     out: Dict[str, Any] = {
         "W": W, "batch_per_rank": b, "global_batch": W * b, "timed_steps": len(records),
@@ -758,7 +762,7 @@ def main() -> None:
                          f"{r4['predicted']['gsplat']['nvlink_h100']['speedup']:.2f}x NVLink")
     missing = sorted({m for r in rows if r["W"] > 1 for m in r["ranges_missing"]})
     print(f"scaling_gpu ({device.type}, {info.get('gaussians')} Gaussians, loss SSIM {info.get('ssim_impl')}): "
-          + ("; ".join(parts) or "no W=4 row") + " (predicted from the trainer's step, ranked by range) in "
+          + ("; ".join(parts) or "no W=4 row") + " (predicted from the trainer's step, timed by range) in "
           f"{time.perf_counter() - T_START:.0f} s" + (f", RANGES MISSING {missing}" if missing else "")
           + (f", TRUNCATED {truncated}" if truncated else "") + f" -> {path}")
 

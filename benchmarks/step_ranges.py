@@ -228,11 +228,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_steps(step_fn: Callable[[int], Any], steps: Iterable[int], device: torch.device,
-                  kernels: bool = False, after_step: Optional[Callable[[int], Any]] = None
-                  ) -> Tuple[List[Dict[str, Any]], Any]:
+def record_steps(step_fn: Callable[[int], Any], steps: Iterable[int], device: torch.device,
+                 after_step: Optional[Callable[[int], Any]] = None):
     """Runs step_fn(step) for each step under torch.profiler (device activity on CUDA), each
-    inside a `bench/step` range; returns (analyse's records, the profiler). after_step(step)
+    inside a `bench/step` range, and returns the finished profiler (read it with
+    spans_and_ops and analyse, which take a while: outside anything timed). after_step(step)
     runs after each step, outside its range (e.g. reading what the step left behind)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -245,6 +245,14 @@ def profile_steps(step_fn: Callable[[int], Any], steps: Iterable[int], device: t
             if after_step is not None:
                 after_step(s)
         sync(device)
+    return prof
+
+
+def profile_steps(step_fn: Callable[[int], Any], steps: Iterable[int], device: torch.device,
+                  kernels: bool = False, after_step: Optional[Callable[[int], Any]] = None
+                  ) -> Tuple[List[Dict[str, Any]], Any]:
+    """record_steps, then analyse: (the steps' records, the profiler)."""
+    prof = record_steps(step_fn, steps, device, after_step)
     spans, ops = spans_and_ops(prof)
     return analyse(spans, ops, kernels=kernels), prof
 

@@ -129,7 +129,7 @@ def test_profile_gpu_dry_run(tmp_path):
 @pytest.mark.slow
 def test_step_vs_gsplat_fake_run(tmp_path):
     out = _run("bench_step_vs_gsplat.py", {"FAKE_GSPLAT": "1", "SCENE": "builtin", "WARMUP": "1", "REPS": "2",
-                                           "PROFILE_STEPS": "1"}, tmp_path)
+                                           "STEP_PROFILE_STEPS": "1"}, tmp_path)
     assert "step_vs_gsplat: ours" in out
     d = json.loads((tmp_path / "step_vs_gsplat_fake.json").read_text())
     assert len(d["ours"]["step_ms"]) == len(d["gsplat"]["step_ms"]) == 2 and d["ratio_ours_over_gsplat"] > 0
