@@ -2,7 +2,8 @@
 the step each benchmark runs gives exactly the parameters of `Trainer.train_step` run
 directly after 3 steps, and every benchmark's GPU-only path runs here in its plumbing mode
 (FAKE_GSPLAT / DRY_RUN / SMALL, gsplat's trainer replaced by a stand-in peer loop), writing
-its JSON into a temporary folder (BENCH_RESULTS)."""
+its JSON into a temporary folder (BENCH_RESULTS). scaling_gpu's W = 2 run (two gloo processes)
+is in tests/distributed/test_bench_scaling.py."""
 
 import copy
 import json
@@ -134,27 +135,3 @@ def test_step_vs_gsplat_fake_run(tmp_path):
     d = json.loads((tmp_path / "step_vs_gsplat_fake.json").read_text())
     assert len(d["ours"]["step_ms"]) == len(d["gsplat"]["step_ms"]) == 2 and d["ratio_ours_over_gsplat"] > 0
     assert d["gsplat"]["standin"] and d["gsplat"]["profiled_summary"]["steps"] == 1
-
-
-@pytest.mark.slow
-def test_scaling_gpu_small_run_two_ranks_take_turns_and_step_as_the_trainer(tmp_path):
-    """SMALL=1 with W = 1 and 2 (two gloo processes taking turns): the JSON make_report reads,
-    and each rank's steps end with the parameters of Trainer.train_step alone (SCALING_SELF_CHECK)."""
-    _run("scaling_gpu.py", {"SMALL": "1", "SMALL_SIZE": "300,24,16", "WS": "1,2", "BATCHES": "1",
-                            "SCALING_WARMUP": "1", "SCALING_STEPS": "2", "SCALING_SELF_CHECK": "1"}, tmp_path)
-    d = json.loads((tmp_path / "scaling_gpu_small.json").read_text())
-    rows = {r["W"]: r for r in d["results"]}
-    assert set(rows) == {1, 2}
-    assert rows[1]["same_as_plain_trainer"] == [True] and rows[2]["same_as_plain_trainer"] == [True, True]
-    two = rows[2]
-    assert len(two["per_rank_ms"]) == 2 and all(s["A"] > 0 and s["B"] > 0 and s["C"] > 0 for s in two["per_rank_ms"])
-    assert sum(two["bytes_sent"]) > 0 and "speedup" in two["predicted"]["ours"]["nvlink_h100"]
-    # the render's 3 collectives (under its ranges, or train/render / train/backward before it marks them) + the
-    # divergence check's all-reduce
-    assert all(sum(c.values()) == 4 for c in two["collectives_last_step"])
-    assert two["collectives_and_host_syncs_modelled"] == [4, 2]
-    from benchmarks import make_report
-
-    d["_stale"] = False
-    assert "GPU-timed scaling prediction" in make_report.section_gpu_model(d)
-    assert "2-GPU speedup" in make_report.gpu_headline(d)
