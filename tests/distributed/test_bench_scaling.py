@@ -32,10 +32,15 @@ def test_scaling_gpu_small_run_two_ranks_take_turns_and_step_as_the_trainer(tmp_
     two = rows[2]
     assert len(two["per_rank_ms"]) == 2 and all(s["A"] > 0 and s["B"] > 0 and s["C"] > 0 for s in two["per_rank_ms"])
     assert sum(two["bytes_sent"]) > 0 and "speedup" in two["predicted"]["ours"]["nvlink_h100"]
-    # the render's 3 collectives (under its ranges, or train/render / train/backward before it marks them) + the
-    # divergence check's all-reduce
-    assert all(sum(c.values()) == 4 for c in two["collectives_last_step"])
-    assert two["collectives_and_host_syncs_modelled"] == [4, 2]
+    # the render's collectives (under its ranges, or train/render / train/backward before it marks them:
+    # exchanges) and the step's others (the divergence check's all-reduce: each read on the host)
+    from benchmarks import scaling_gpu as sg
+
+    for c in two["collectives_last_step"]:
+        render = sum(v for k, v in c.items() if k.startswith(sg.RENDER_LEAVES))
+        assert render >= 3 and c == two["collectives_last_step"][0]
+    n = sum(c.values())
+    assert two["collectives_and_host_syncs_modelled"] == [n, 1 + n - render]
     from benchmarks import make_report
 
     d["_stale"] = False
