@@ -447,6 +447,7 @@ def rank_job(ctx, job: Dict[str, Any], token=None) -> List[Dict[str, Any]]:
                     res["params"] = {k: v.detach().cpu().clone() for k, v in trainer.params.items()}
             finally:
                 trainer.cleanup()
+                gc.collect()  # the loader's threads and buffers, before the next batch's trainer
             if job.get("check_plain"):  # the same steps by Trainer.train_step alone: the same parameters?
                 res["same_as_plain_trainer"] = _plain_matches(cfg, ctx, trainer.params, first, warmup + steps)
             out.append(res)
