@@ -1,21 +1,33 @@
-"""One training step (forward, loss, backward, Adam) of distsplat at W = 1 against the same
-step written with `gsplat.rasterization()`, on real scenes (issue 14): the time ratio, and
-how far the first step's image and gradients are apart.
+"""One training step of distsplat's trainer at W = 1 against one step of gsplat's own
+trainer, on the same real scene with the same number of steps (issue 14): both as their
+users run them, timed the same way.
 
-Both steps start from the same Gaussians (SfM / point-cloud initialisation, as the trainer
-makes it, optionally replicated with jitter to REPLICATE x the points so that the kernels,
-not the host, dominate) and the same camera, and share everything but the render: the loss
-(distsplat.train.losses.photometric_loss, 3DGS's L1 + 0.2 D-SSIM against a fixed target
-image), the six Adam optimizers (distsplat.train.gaussians.create_optimizers) and
-zero_grad. So the ratio is the cost of `distributed_rasterize` (validation, the count
-transfer, the W = 1 direct path) over gsplat's `rasterization(packed=True)` within a step.
+    ours    `Trainer.train_step` with the trainer's defaults (packed, fused-ssim when it is
+            installed on a GPU, torch's fused Adam on CUDA, the divergence check, densification
+            bookkeeping, its image loader and cache).
+    gsplat  gsplat 1.5.3's examples/simple_trainer.py `default` with its defaults (packed=False,
+            fused-ssim, its Adam, DataLoader and per-step loss.item()), in a process of its own
+            (gsplat_peer.py's probe mode: its loop is timed from its own iteration; nothing of
+            gsplat's is changed).
+
+Steps 0..WARMUP-1 are warm-up; steps WARMUP..WARMUP+REPS-1 are timed one by one, the device
+synchronized before and after each (gsplat's loss.item() synchronizes every step anyway); the
+next STEP_PROFILE_STEPS run under torch.profiler: ours per range of the step
+(benchmarks/step_ranges.py: train/batch ... train/densify and the distributed render's
+distsplat/* ranges; CUDA kernel time per range on a GPU, host time on a CPU), gsplat's per step
+with its kernels. Both get --sh_degree_interval SH_INTERVAL (1: SH degree 3 from step 3, as most
+of a run; gsplat's and our default is 1000), nothing else that differs from the defaults but
+the run's length and no eval or save inside the measured steps. The scene: SCENE, a COLMAP
+folder (default $DISTSPLAT_DATA/thermos) at DATA_FACTOR (1: 946x532).
 
     python benchmarks/bench_step_vs_gsplat.py
-Environment: SCENES (thermos,garden: $DISTSPLAT_DATA/thermos at DATA_FACTOR 1, i.e.
-946x532, and $DISTSPLAT_DATA/test_garden.npz), REPLICATE (1), REPS (20), WARMUP (3),
-FAKE_GSPLAT=1 (no GPU: gsplat.rasterization is replaced by distsplat's torch backend, to
-check this script's plumbing; the numbers then mean nothing). Writes
-benchmarks/results/step_vs_gsplat_<device>.json and prints one summary line.
+Environment: SCENE, DATA_FACTOR (1), WARMUP (10), REPS (50), STEP_PROFILE_STEPS (10), SH_INTERVAL (1),
+PEER_TIMEOUT_S (140: gsplat's run is cut there and reported failed, our side still written),
+GSPLAT_PEER (gsplat's peer folder, default <repo>/.gsplat_peer, scripts/prepare_gsplat_peer.sh),
+FAKE_GSPLAT=1 (no GPU: ours on the CPU with the torch backend, gsplat's side a stand-in peer
+loop (gsplat_peer.write_standin), to check this script's plumbing; the numbers then mean
+nothing; SCENE=builtin then trains the built-in synthetic scene). Writes
+benchmarks/results/step_vs_gsplat_<cuda|fake>.json and prints one summary line.
 """
 
 from __future__ import annotations
@@ -23,155 +35,166 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
+import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Dict, List, Optional
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import step_ranges as sr  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 
-SH_DEGREE = 3
+TOP_KERNELS = 5
 
 
-def thermos(device: torch.device) -> Tuple[Dict[str, Any], str]:
-    from distsplat.data import load_colmap
+def ours_config(data_dir: Optional[str], data_factor: int, max_steps: int, sh_interval: int, result_dir: str):
+    """The trainer's default config (what `simple_trainer.py default` parses) on the scene,
+    for a run of max_steps with no eval, save or PLY inside it."""
+    from distsplat.train.config import default_config
 
-    root = Path(os.environ.get("DISTSPLAT_DATA", "/work/shared/data")) / "thermos"
-    scene = load_colmap(root, factor=int(os.environ.get("DATA_FACTOR", 1)), normalize=True)
-    c = 0
-    viewmat = torch.from_numpy(np.linalg.inv(scene.camtoworlds[c])).float()[None]
-    K = torch.from_numpy(scene.Ks[c]).float()[None]
-    W, H = int(scene.widths[c]), int(scene.heights[c])
-    pts = torch.from_numpy(scene.points).float()
-    rgb = torch.from_numpy(scene.points_rgb).float() / 255.0
-    return dict(points=pts, rgbs=rgb, viewmat=viewmat, K=K, width=int(W), height=int(H)), str(root)
-
-
-def garden(device: torch.device) -> Tuple[Dict[str, Any], str]:
-    path = Path(os.environ.get("DISTSPLAT_DATA", "/work/shared/data")) / "test_garden.npz"
-    d = np.load(path)
-    return dict(points=torch.from_numpy(d["means3d"]).float(),
-                rgbs=torch.from_numpy(d["colors"]).float() / 255.0,
-                viewmat=torch.from_numpy(d["viewmats"][:1]).float(), K=torch.from_numpy(d["Ks"][:1]).float(),
-                width=int(d["width"]), height=int(d["height"])), str(path)
+    cfg = default_config()
+    cfg.data_dir, cfg.data_factor = data_dir, data_factor
+    cfg.max_steps = max_steps
+    cfg.sh_degree_interval = sh_interval
+    cfg.result_dir = result_dir
+    cfg.eval_steps, cfg.save_steps, cfg.save_ply, cfg.disable_viewer = [], [], False, True
+    return cfg
 
 
-def replicate(pts: torch.Tensor, rgbs: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    if k <= 1:
-        return pts, rgbs
-    g = torch.Generator().manual_seed(0)
-    spread = 0.01 * (pts.max(0).values - pts.min(0).values).norm()
-    out = pts.repeat_interleave(k, 0) + spread * torch.randn(len(pts) * k, 3, generator=g)
-    return out, rgbs.repeat_interleave(k, 0)
+def run_ours(cfg, warmup: int, reps: int, profile: int, device: torch.device,
+             keep_params: bool = False) -> Dict[str, Any]:
+    """The trainer's own steps: warm-up, `reps` timed one by one, `profile` under the profiler
+    (per range); with keep_params, the parameters after the last step."""
+    from distsplat.distributed import init_distributed
+    from distsplat.train.trainer import Trainer
+
+    cfg.validate()
+    trainer = Trainer(cfg, init_distributed(device=device))
+    trainer.setup()
+    try:
+        for s in range(warmup):
+            trainer.train_step(s)
+        times = sr.timed_steps(trainer.train_step, range(warmup, warmup + reps), device)
+        records, _ = sr.profile_steps(trainer.train_step, range(warmup + reps, warmup + reps + profile), device,
+                                      kernels=True)
+        adam = trainer.optimizers["means"].defaults
+        out: Dict[str, Any] = {
+            "step_ms": times, "median_step_ms": statistics.median(times) if times else None,
+            "gaussians": trainer.n_all, "image": [trainer.width, trainer.height],
+            "ssim_impl": trainer.ssim_impl, "packed": cfg.packed,
+            "adam": "fused" if adam.get("fused") else ("foreach" if adam.get("foreach") else "default"),
+            "backend": cfg.backend,
+            "profiled": ranges_table(records, device) if records else {},
+            "ranges_missing": sr.missing(records, sr.expected(1)) if records else [],
+        }
+        if keep_params:
+            out["params"] = {k: v.detach().cpu().clone() for k, v in trainer.params.items()}
+        return out
+    finally:
+        trainer.cleanup()
+
+
+def ranges_table(records: List[Dict[str, Any]], device: torch.device) -> Dict[str, Any]:
+    """Medians over the profiled steps: per range and per leaf, the step's time (ms), the host
+    time and (CUDA) the kernel time; the top kernels of each leaf."""
+    kernels: Dict[str, Dict[str, float]] = {}
+    for r in records:
+        for leaf, ks in r.get("kernels", {}).items():
+            for k, ms in ks.items():
+                kernels.setdefault(leaf, {})[k] = kernels.get(leaf, {}).get(k, 0.0) + ms / len(records)
+    return {
+        "steps": len(records), "step_ms": statistics.median(r["step_ms"] for r in records),
+        "ranges_ms": sr.medians(records, "ranges"), "leaves_ms": sr.medians(records, "leaves"),
+        "leaves_cpu_ms": sr.medians(records, "cpu_ms"),
+        **({"leaves_device_ms": sr.medians(records, "device_ms")} if device.type == "cuda" else {}),
+        "top_kernels_ms": {leaf: dict(sorted(ks.items(), key=lambda kv: -kv[1])[:TOP_KERNELS])
+                           for leaf, ks in kernels.items()},
+    }
+
+
+def run_gsplat(scene: str, data_factor: int, warmup: int, reps: int, profile: int, sh_interval: int,
+               fake: bool) -> Dict[str, Any]:
+    """gsplat's own trainer, `default`, in probe mode (gsplat_peer.run_probe); fake: a stand-in peer."""
+    from benchmarks import gsplat_peer
+
+    peer = gsplat_peer.write_standin(Path(tempfile.mkdtemp(prefix="standin_peer_"))) if fake else None
+    if not fake and not (gsplat_peer.PEER / "BUILD.json").is_file():
+        return {"skipped": f"no gsplat peer at {gsplat_peer.PEER}: make it with scripts/prepare_gsplat_peer.sh and "
+                           "carry .gsplat_peer"}
+    res = gsplat_peer.run_probe("default", scene, data_factor, tempfile.mkdtemp(prefix="peer_step_"), warmup, reps,
+                                profile=profile, extra_args=["--sh_degree_interval", str(sh_interval)], peer=peer,
+                                timeout_s=float(os.environ.get("PEER_TIMEOUT_S", 140)))
+    if res.get("returncode") != 0:
+        return {"failed": res}
+    prof = res.get("profiled") or []
+    if prof:
+        kernels: Dict[str, float] = {}
+        for p in prof:
+            for k, ms in p["kernels"].items():
+                kernels[k] = kernels.get(k, 0.0) + ms / len(prof)
+        res["profiled_summary"] = {
+            "steps": len(prof), "step_ms": statistics.median(p["step_ms"] for p in prof),
+            "cpu_ms": statistics.median(p["cpu_ms"] for p in prof),
+            "device_ms": statistics.median(p["device_ms"] for p in prof),
+            "top_kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:3 * TOP_KERNELS]),
+        }
+        del res["profiled"]
+    return res
 
 
 def main() -> None:
     fake = os.environ.get("FAKE_GSPLAT") == "1"
     cuda = torch.cuda.is_available() and not fake
-    device = torch.device("cuda" if cuda else "cpu")
     if not cuda and not fake:
         sys.exit("bench_step_vs_gsplat.py needs a CUDA GPU (FAKE_GSPLAT=1 checks the plumbing on CPU)")
-    from distsplat.distributed import distributed_rasterize
-    from distsplat.render import rasterize
-    from distsplat.train.gaussians import activated, create_optimizers, init_gaussians
-    from distsplat.train.losses import photometric_loss
-
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
-        from gsplat import rasterization
-
         from distsplat.render.gsplat_ext import ensure_gsplat_ops
 
         print(f"gsplat ops: {ensure_gsplat_ops()}", flush=True)
-        backend = "gsplat"
-        sync: Callable[[], None] = torch.cuda.synchronize
-    else:
-        def rasterization(*args, sh_degree=None, packed=True):  # the plumbing check only
-            return rasterize(*args, sh_degree=sh_degree, packed=packed, backend="torch")
-
-        backend = "torch"
-        sync = lambda: None  # noqa: E731
-
-    reps, warmup = int(os.environ.get("REPS", 20)), int(os.environ.get("WARMUP", 3))
-    k = int(os.environ.get("REPLICATE", 1))
-    results: Dict[str, Any] = {}
-    for name in os.environ.get("SCENES", "thermos,garden").split(","):
-        s, source = {"thermos": thermos, "garden": garden}[name](device)
-        pts, rgbs = replicate(s["points"], s["rgbs"], k)
-        W, H = s["width"], s["height"]
-        viewmat, K = s["viewmat"].to(device), s["K"].to(device)
-        gt = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(1)).to(device)
-        owner = torch.zeros(1, dtype=torch.int64, device=device)
-
-        def ours_render(g):
-            c, _, _ = distributed_rasterize(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                                            viewmat, K, W, H, owner, sh_degree=SH_DEGREE, backend=backend)
-            return c
-
-        def gsplat_render(g):
-            c, _, _ = rasterization(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                                    viewmat, K, W, H, sh_degree=SH_DEGREE, packed=True)
-            return c
-
-        states = {}
-        for who in ("ours", "gsplat"):
-            params = init_gaussians(pts, rgbs, sh_degree=SH_DEGREE, bounds=(0, len(pts)), device=device)
-            states[who] = (params, create_optimizers(params, global_batch=1))
-        renders = {"ours": ours_render, "gsplat": gsplat_render}
-
-        def step(who: str, keep: bool = False):
-            params, opts = states[who]
-            img = renders[who](activated(params, SH_DEGREE))
-            loss = photometric_loss(img, gt, 0.2)
-            loss.backward()
-            kept = (img.detach().clone(), {k2: p.grad.detach().clone() for k2, p in params.items()}) if keep else None
-            for o in opts.values():
-                o.step()
-                o.zero_grad(set_to_none=True)
-            return kept
-
-        # The first step of each, from the same parameters: image and gradient differences.
-        first = {who: step(who, keep=True) for who in ("ours", "gsplat")}
-        (img_o, gr_o), (img_g, gr_g) = first["ours"], first["gsplat"]
-        grads = {}
-        for k2 in gr_o:
-            a, b = gr_o[k2].flatten().double(), gr_g[k2].flatten().double()
-            grads[k2] = {"rel_l2": float((a - b).norm() / b.norm().clamp_min(1e-30)),
-                         "cosine": float(torch.nn.functional.cosine_similarity(a, b, dim=0))}
-        for _ in range(warmup):
-            for who in ("ours", "gsplat"):
-                step(who)
-        times = {"ours": [], "gsplat": []}
-        for _ in range(reps):  # taking turns, so a drifting machine hits both alike
-            for who in ("ours", "gsplat"):
-                sync()
-                t0 = time.perf_counter()
-                step(who)
-                sync()
-                times[who].append(time.perf_counter() - t0)
-        med = {who: 1e3 * statistics.median(t) for who, t in times.items()}
-        results[name] = {
-            "source": source, "gaussians": len(pts), "replicate": k, "image": [W, H],
-            "step_ms": med, "step_min_ms": {who: 1e3 * min(t) for who, t in times.items()},
-            "ratio_ours_over_gsplat": med["ours"] / med["gsplat"],
-            "first_step": {"image_max_abs_diff": float((img_o - img_g).abs().max()),
-                           "image_mean_abs_diff": float((img_o - img_g).abs().mean()), "grads": grads},
-        }
-        print(f"{name}: {len(pts)} Gaussians {W}x{H}: ours {med['ours']:.2f} ms, gsplat {med['gsplat']:.2f} ms "
-              f"({med['ours'] / med['gsplat']:.3f}x); image max diff {results[name]['first_step']['image_max_abs_diff']:.2e}",
-              flush=True)
+    data = os.environ.get("DISTSPLAT_DATA", "/work/shared/data")
+    scene = os.environ.get("SCENE", str(Path(data) / "thermos"))
+    builtin = scene == "builtin"  # the trainer's synthetic scene: FAKE_GSPLAT's plumbing only
+    if builtin and not fake:
+        sys.exit("bench_step_vs_gsplat.py: SCENE=builtin is for FAKE_GSPLAT=1 only (gsplat's trainer reads COLMAP)")
+    factor = int(os.environ.get("DATA_FACTOR", 1))
+    warmup, reps = int(os.environ.get("WARMUP", 10)), int(os.environ.get("REPS", 50))
+    profile, sh_interval = int(os.environ.get("STEP_PROFILE_STEPS", 10)), int(os.environ.get("SH_INTERVAL", 1))
+    n = warmup + reps + profile
+    cfg = ours_config(None if builtin else scene, factor, n + 1, sh_interval,
+                      tempfile.mkdtemp(prefix="step_vs_gsplat_"))
+    if fake:
+        cfg.backend = "torch"
+    if builtin:
+        scene = tempfile.mkdtemp(prefix="standin_scene_")  # the stand-in peer ignores it
+    ours = run_ours(cfg, warmup, reps, profile, device)
+    print(f"ours: median {ours['median_step_ms']:.2f} ms per step ({ours['gaussians']} Gaussians, "
+          f"{ours['image'][0]}x{ours['image'][1]}, SSIM {ours['ssim_impl']}, Adam {ours['adam']})", flush=True)
+    if cuda:
+        torch.cuda.empty_cache()  # gsplat's process gets the device's memory
+    theirs = run_gsplat(scene, factor, warmup, reps, profile, sh_interval, fake)
+    ratio = (ours["median_step_ms"] / theirs["median_step_ms"]
+             if theirs.get("median_step_ms") and ours["median_step_ms"] else None)
     payload = {
-        "device": str(device), "fake_gsplat": fake, "reps": reps, "warmup": warmup, "scenes": results,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu", "fake_gsplat": fake,
+        "scene": scene, "data_factor": factor, "warmup": warmup, "reps": reps, "profile_steps": profile,
+        "sh_degree_interval": sh_interval,
+        "ours": ours, "gsplat": theirs, "ratio_ours_over_gsplat": ratio,
         "goal": "ours / gsplat <= 1.00 per training step (issue 14)",
-        "note": ("Median step time over REPS steps taken in turns, torch.cuda.synchronize() around each; the "
-                 "differences are of the first step, from identical parameters. Everything but the render is "
-                 "shared code."),
+        "note": ("Median of REPS steps (steps WARMUP.. of each run), each timed with the device synchronized before "
+                 "and after: ours around Trainer.train_step, gsplat's between the starts of its loop's iterations "
+                 "(gsplat_peer.py probe mode). Each trainer as its users run it, on the same scene and steps: ours "
+                 "packed with fused-ssim and fused Adam, gsplat's simple_trainer default (packed=False, fused-ssim). "
+                 "Per range (ours) and per step (gsplat): torch.profiler over STEP_PROFILE_STEPS further steps."),
     }
     path = write_result(f"step_vs_gsplat_{'fake' if fake else device.type}", payload)
-    print("step_vs_gsplat: " + ", ".join(f"{n} {r['ratio_ours_over_gsplat']:.3f}x" for n, r in results.items())
-          + f" -> {path}")
+    gs = theirs.get("median_step_ms")
+    gs_text = f"{gs:.2f} ms" if gs else f"NOT MEASURED ({theirs.get('skipped') or 'failed'})"
+    print("step_vs_gsplat: ours {:.2f} ms, gsplat {} per step ({}){} -> {}".format(
+        ours["median_step_ms"], gs_text,
+        f"{ratio:.3f}x" if ratio else "no ratio",
+        f"; ranges missing: {', '.join(ours['ranges_missing'])}" if ours["ranges_missing"] else "", path))
 
 
 if __name__ == "__main__":

@@ -3,16 +3,21 @@
 torch.cuda.set_sync_debug_mode("warn") makes every synchronizing CUDA call (a device ->
 host read such as .item()/.tolist()/nonzero, a pageable host <-> device copy, an explicit
 synchronize) raise a warning; the warnings of one step are counted and grouped by the
-Python line that caused them. Three steps are counted, each after warm-up steps:
+Python line that caused them (`SyncCounter`). Counted, each after warm-up steps:
 
-    trainer     distsplat's Trainer.train_step at W = 1 (loader, distributed render with
-                the gsplat backend, loss, backward, Adam, densification bookkeeping) on a
-                non-refine step
-    ours_render one distributed_rasterize forward + backward at W = 1 (the render alone)
-    gsplat      the same render written with gsplat.rasterization(packed=True), + backward
-    gsplat_step a training step written with gsplat.rasterization(packed=False, as gsplat's
-                trainer renders), the trainer's loss and Adam (no densification): the
-                counterpart of `trainer`
+    trainer      distsplat's Trainer.train_step at W = 1 (loader, distributed render with
+                 the gsplat backend, the trainer's loss, backward, fused Adam, densification
+                 bookkeeping) on a non-refine step, with the trainer's options. The step runs
+                 under a CPU-only torch.profiler so that its ranges (benchmarks/step_ranges.py)
+                 exist: each sync leaves a `bench/sync` mark, and `by_range` says in which
+                 range of the step it happened (a sync in backward is reported where the
+                 autograd engine replays its warnings: at the end of train/backward).
+    ours_render  the syncs of that same step inside train/render: the distributed render's
+                 forward as the trainer calls it (no separate call of it).
+    gsplat_step  one step of gsplat 1.5.3's own examples/simple_trainer.py as its users run it
+                 (packed=False, fused-ssim, its per-step loss.item()), counted inside its own
+                 training loop (gsplat_peer.py's probe mode, a subprocess) on the same scene;
+                 skipped, with the reason, without the .gsplat_peer folder.
 
 The claim this checks (distsplat/distributed/render.py): the distributed layer adds ONE
 sync per forward (the count transfer); gsplat's packed projection does one .item() of its
@@ -20,9 +25,14 @@ own (the debug mode does not report isect_tiles' .item()); the divergence check
 (train/faults.py, --max_bad_steps) adds none: its flags are read by the loop, after the step,
 once their copy has landed.
 
-Needs a CUDA GPU. Environment: SCENE (a COLMAP folder; default $DISTSPLAT_DATA/thermos,
-else the built-in synthetic scene), DATA_FACTOR (2), WARMUP (3). Writes
-benchmarks/results/host_syncs_cuda.json and prints one summary line.
+Needs a CUDA GPU; DRY_RUN=1 runs the same code on the CPU (the torch backend, a small
+built-in scene, no sync is reported there; gsplat's side with a stand-in peer,
+gsplat_peer.write_standin) to check this script's plumbing. Environment: SCENE (a COLMAP
+folder; default $DISTSPLAT_DATA/thermos, else the built-in synthetic scene), DATA_FACTOR (2),
+WARMUP (3), GSPLAT_PEER (gsplat's peer folder, default <repo>/.gsplat_peer), PEER_TIMEOUT_S (100:
+gsplat's run is cut there and reported failed). Writes
+benchmarks/results/host_syncs_cuda.json (host_syncs_dry.json with DRY_RUN=1) and prints one
+summary line.
 """
 
 from __future__ import annotations
@@ -35,126 +45,188 @@ import tempfile
 import traceback
 import warnings
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import step_ranges as sr  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 
+SYNC_WARNING = "synchronizing CUDA operation"
 
-def count_syncs(fn: Callable[[], object]) -> Dict[str, object]:
-    """Runs fn once under sync debug mode 'warn'; returns the count, where they came from
-    (the line that warned) and the Python stack of each (a sync inside a library function
-    warns at that function's line: the stack names our caller)."""
-    torch.cuda.synchronize()
-    caught = []
 
-    def hook(message, category, filename, lineno, file=None, line=None):
-        if "synchronizing CUDA operation" in str(message):  # not the debug mode's own notice
-            stack = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
-                     for f in traceback.extract_stack()[:-1]]
-            caught.append((filename, lineno, stack[-8:]))
+class SyncCounter:
+    """Counts the host syncs CUDA's sync debug mode reports between start() and stop(): the
+    count, where they came from (the line that warned) and the Python stack of each (a sync
+    inside a library function warns at that function's line: the stack names our caller).
+    While a profiler records, each sync also leaves a `bench/sync` mark in it. Without CUDA
+    nothing is reported (the plumbing still runs)."""
 
-    with warnings.catch_warnings():
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.caught: List[Any] = []
+        self._scope: Optional[warnings.catch_warnings] = None
+
+    def _hook(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if SYNC_WARNING not in str(message):  # not a sync (e.g. the debug mode's own notice)
+            return
+        stack = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
+                 for f in traceback.extract_stack()[:-1]]
+        self.caught.append((filename, lineno, stack[-8:]))
+        if torch.autograd._profiler_enabled():
+            with torch.profiler.record_function(sr.SYNC):
+                pass
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.caught = []
+        self._scope = warnings.catch_warnings()
+        self._scope.__enter__()
         warnings.simplefilter("always")
-        warnings.showwarning = hook
-        torch.cuda.set_sync_debug_mode("warn")
+        warnings.showwarning = self._hook
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+
+    def stop(self) -> Dict[str, Any]:
         try:
-            fn()
+            if self.cuda:
+                torch.cuda.set_sync_debug_mode(0)
         finally:
-            torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    where = collections.Counter(
-        f"{Path(f).parent.name}/{Path(f).name}:{n}: {linecache.getline(f, n).strip()[:100]}" for f, n, _ in caught)
-    return {"count": len(caught), "where": dict(where.most_common()), "stacks": [st for _, _, st in caught]}
+            if self._scope is not None:
+                self._scope.__exit__(None, None, None)  # filters and showwarning as they were
+                self._scope = None
+        if self.cuda:
+            torch.cuda.synchronize()
+        where = collections.Counter(
+            f"{Path(f).parent.name}/{Path(f).name}:{n}: {linecache.getline(f, n).strip()[:100]}"
+            for f, n, _ in self.caught)
+        return {"count": len(self.caught), "where": dict(where.most_common()),
+                "stacks": [st for _, _, st in self.caught]}
+
+
+def count_syncs(fn: Callable[[], object], cuda: bool = True) -> Dict[str, object]:
+    """Runs fn once under sync debug mode 'warn' (SyncCounter's record)."""
+    counter = SyncCounter(cuda)
+    counter.start()
+    try:
+        fn()
+    finally:
+        out = counter.stop()
+    return out
+
+
+def trainer_syncs(trainer, step: int, cuda: bool) -> Dict[str, Any]:
+    """The syncs of trainer.train_step(step), by range: (SyncCounter's record + by_range)."""
+    counter = SyncCounter(cuda)
+    counted: Dict[str, Any] = {}
+
+    def one(s: int) -> None:
+        counter.start()
+        try:
+            trainer.train_step(s)
+        finally:
+            counted.update(counter.stop())
+
+    # CPU activity only: the ranges and the marks, no device tracing next to the count
+    records, _ = sr.profile_steps(one, [step], torch.device("cpu"))
+    counted["by_range"] = records[0]["syncs"]
+    counted["ranges_missing"] = sr.missing(records, sr.expected(trainer.ctx.world_size))
+    return counted
+
+
+def render_part(counted: Dict[str, Any]) -> Dict[str, Any]:
+    """The syncs of the trainer's step that happened inside its render (train/render)."""
+    by = {k: v for k, v in counted["by_range"].items() if k.startswith(("distsplat/", "train/render"))
+          and k != "distsplat/payload_exchange_backward"}
+    return {"count": int(sum(by.values())), "by_range": by,
+            "what": "the syncs of the trainer step above inside train/render (the distributed render's forward)"}
+
+
+def gsplat_step(scene: str, data_factor: int, warmup: int, dry: bool) -> Dict[str, Any]:
+    """One step of gsplat's own trainer, counted in its loop (gsplat_peer.py's probe)."""
+    from benchmarks import gsplat_peer
+
+    peer = None
+    if dry:
+        peer = gsplat_peer.write_standin(Path(tempfile.mkdtemp(prefix="standin_peer_")))
+    elif not (gsplat_peer.PEER / "BUILD.json").is_file():
+        return {"skipped": f"no gsplat peer at {gsplat_peer.PEER} (scripts/prepare_gsplat_peer.sh makes it; carry "
+                           ".gsplat_peer): gsplat's own step not counted"}
+    if not scene:
+        return {"skipped": "gsplat's trainer needs a COLMAP scene (SCENE or $DISTSPLAT_DATA/thermos)"}
+    res = gsplat_peer.run_probe("default", scene, data_factor, tempfile.mkdtemp(prefix="peer_syncs_"), warmup,
+                                steps=1, count_syncs=True, peer=peer,
+                                timeout_s=float(os.environ.get("PEER_TIMEOUT_S", 100)))
+    if res.get("returncode") != 0:
+        return {"failed": res}
+    out = dict(res["syncs"] or {})
+    out["what"] = ("one step of gsplat's examples/simple_trainer.py (its defaults: packed=False, fused-ssim), "
+                   f"step {warmup + 1} of its loop, counted in the loop (gsplat_peer.py probe mode)")
+    if res.get("standin"):
+        out["what"] = "DRY RUN: a stand-in peer loop (no gsplat code)"
+    return out
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
-        sys.exit("count_syncs.py needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from distsplat.distributed import distributed_rasterize, init_distributed
-    from distsplat.render.gsplat_ext import ensure_gsplat_ops
-    from distsplat.train.config import Config
-    from distsplat.train.gaussians import activated
+    dry = os.environ.get("DRY_RUN") == "1"
+    cuda = torch.cuda.is_available() and not dry
+    if not cuda and not dry:
+        sys.exit("count_syncs.py needs a CUDA GPU (torch.cuda.is_available() is False; DRY_RUN=1 checks the "
+                 "plumbing on the CPU)")
+    from distsplat.distributed import init_distributed
+    from distsplat.train.config import Config, SyntheticConfig
     from distsplat.train.trainer import Trainer
 
-    print(f"gsplat ops: {ensure_gsplat_ops()}")
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        from distsplat.render.gsplat_ext import ensure_gsplat_ops
+
+        print(f"gsplat ops: {ensure_gsplat_ops()}")
     data = os.environ.get("DISTSPLAT_DATA")
-    scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data else "")
+    scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data and not dry else "")
+    data_factor = int(os.environ.get("DATA_FACTOR", 2))
     warmup = int(os.environ.get("WARMUP", 3))
     out_dir = tempfile.mkdtemp(prefix="count_syncs_")
-    cfg = Config(data_dir=scene or None, data_factor=int(os.environ.get("DATA_FACTOR", 2)),
-                 result_dir=out_dir, max_steps=1000, eval_steps=[], save_steps=[], save_ply=False,
-                 disable_viewer=True, backend="gsplat")
+    cfg = Config(data_dir=scene or None, data_factor=data_factor, result_dir=out_dir, max_steps=1000, eval_steps=[],
+                 save_steps=[], save_ply=False, disable_viewer=True, backend="gsplat" if cuda else "torch")
+    if dry:
+        cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=8, num_gaussians=300, width=32, height=24)
     cfg.validate()
-    ctx = init_distributed()
-    trainer = Trainer(cfg, ctx)
+    trainer = Trainer(cfg, init_distributed(device=device))
     trainer.setup()
     try:
         for step in range(warmup):
             trainer.train_step(step)
         assert not trainer._is_refine_step(warmup), "count a step without densification"
-        results = {"trainer": count_syncs(lambda: trainer.train_step(warmup))}
-
-        g = {k: v.detach().requires_grad_() for k, v in activated(trainer.params, cfg.sh_degree).items()}
-        cams = trainer.train_idx[:1].to(trainer.device)
-        viewmats, Ks = trainer.viewmats[trainer.train_idx[:1]], trainer.Ks[cams]  # Viewmats: a host index
-        W, H = trainer.width, trainer.height
-        owner = torch.zeros(1, dtype=torch.int64, device=trainer.device)
-
-        def ours():
-            c, a, _ = distributed_rasterize(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                                            viewmats, Ks, W, H, owner, sh_degree=cfg.sh_degree,
-                                            backend="gsplat", check_cameras=True)
-            (c.sum() + a.sum()).backward()
-
-        def theirs():
-            from gsplat import rasterization
-
-            c, a, _ = rasterization(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                                    viewmats, Ks, W, H, sh_degree=cfg.sh_degree, packed=True)
-            (c.sum() + a.sum()).backward()
-
-        from distsplat.train.gaussians import create_optimizers
-        from distsplat.train.losses import photometric_loss
-
-        gt = torch.rand(1, H, W, 3, device=trainer.device)
-        params = {k: torch.nn.Parameter(v.detach().clone()) for k, v in trainer.params.items()}
-        opts = create_optimizers(torch.nn.ParameterDict(params), global_batch=1, scene_scale=trainer.scene_scale)
-
-        def gsplat_step():
-            """One training step written with gsplat.rasterization as gsplat's simple_trainer
-            renders (packed=False, its default), our loss (trainer.ssim_impl) and Adam; no
-            densification, no progress-bar read (gsplat's trainer adds loss.item() per step)."""
-            from gsplat import rasterization
-
-            a = activated(params, cfg.sh_degree)
-            c, _, _ = rasterization(a["means"], a["quats"], a["scales"], a["opacities"], a["colors"],
-                                    viewmats, Ks, W, H, sh_degree=cfg.sh_degree, packed=False)
-            photometric_loss(c, gt, cfg.ssim_lambda, trainer.ssim_impl).backward()
-            for o in opts.values():
-                o.step()
-                o.zero_grad(set_to_none=True)
-
-        for fn in (ours, theirs, gsplat_step):  # warm-up: kernels loaded, caches filled
-            fn()
-        results["ours_render"] = count_syncs(ours)
-        results["gsplat"] = count_syncs(theirs)
-        results["gsplat_step"] = count_syncs(gsplat_step)
+        results: Dict[str, Any] = {"trainer": trainer_syncs(trainer, warmup, cuda)}
+        results["ours_render"] = render_part(results["trainer"])
+        ssim_impl = trainer.ssim_impl
     finally:
         trainer.cleanup()
+    peer_scene = scene or (str(Path(data) / "thermos") if data else "")
+    if dry:  # the stand-in's loop ignores the scene; the driver checks it is a folder
+        peer_scene = tempfile.mkdtemp(prefix="standin_scene_")
+    results["gsplat_step"] = gsplat_step(peer_scene, data_factor, warmup, dry)
     payload = {
-        "scene": scene or "built-in synthetic", "data_factor": cfg.data_factor,
-        "gaussians": trainer.n_all, "image": [trainer.width, trainer.height],
+        "scene": scene or "built-in synthetic", "data_factor": cfg.data_factor, "dry_run": dry,
+        "gaussians": trainer.n_all, "image": [trainer.width, trainer.height], "ssim_impl": ssim_impl,
         "counted_step": warmup, "syncs": results,
         "claim": ("distsplat's distributed layer adds one sync per forward (the count transfer); gsplat's "
                   "packed projection does one .item() of its own (its isect_tiles' .item() is not reported "
                   "by the debug mode); the divergence check (--max_bad_steps) adds none in the step. "
-                  "gsplat_step is the trainer's counterpart written with gsplat.rasterization(packed=False)"),
+                  "ours_render is the trainer's step's train/render range; gsplat_step is gsplat's own "
+                  "simple_trainer step"),
     }
-    path = write_result("host_syncs_cuda", payload)
-    print("host syncs per step: " + ", ".join(f"{k} {v['count']}" for k, v in results.items()) + f" -> {path}")
+    path = write_result("host_syncs_dry" if dry else "host_syncs_cuda", payload)
+    parts = [f"{k} {v['count']}" if "count" in v else f"{k} {'skipped' if 'skipped' in v else 'FAILED'}"
+             for k, v in results.items()]
+    by = results["trainer"]["by_range"]
+    print("host syncs per step: " + ", ".join(parts) + " (trainer by range: "
+          + (", ".join(f"{k} {v:g}" for k, v in by.items()) or "none") + ")"
+          + (f"; ranges missing: {results['trainer']['ranges_missing']}" if results["trainer"]["ranges_missing"]
+             else "") + f" -> {path}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,20 @@ GSPLAT_PEER (the peer folder, default <repo>/.gsplat_peer), DISTSPLAT_GSPLAT_EXT
 <repo>/.gsplat_ext), DISTSPLAT_COMMIT (else .gpu_data/COMMIT, else git), PEER_DRY_RUN=1 (no
 CUDA: set everything up, parse the arguments, build gsplat's Parser and Datasets, load one
 image, print the split; training is not run), PEER_RESET=1 (point 5 above).
+
+Probe mode, PEER_PROBE=<file.json> (what bench_step_vs_gsplat.py and count_syncs.py run, via
+`run_probe`): gsplat's training loop runs as always, and its steps are measured from the
+loop itself, nothing of gsplat's changed: `tqdm.tqdm` (its loop is `for step in
+tqdm.tqdm(range(init_step, max_steps))`) is replaced by a subclass whose iteration marks the
+step boundaries (`StepProbe`): the device is synchronized at each boundary (as gsplat's own
+per-step loss.item() does), PEER_PROBE_WARMUP (10) steps are skipped, the next
+PEER_PROBE_STEPS (50) are timed, the next PEER_PROBE_PROFILE (0) run under torch.profiler
+(each inside a `bench/step` range: step time and kernels per step, benchmarks/step_ranges.py),
+and with PEER_PROBE_SYNCS=1 the step after those is counted under CUDA's sync debug mode
+(count_syncs.SyncCounter). The result goes to the JSON file, not to benchmarks/results;
+--max_steps must leave one more step (gsplat saves a checkpoint in its last).
+`write_standin(folder)` writes a stand-in peer (no gsplat code: a CPU loop of the same shape)
+for checking this plumbing without a GPU (GSPLAT_PEER=folder).
 """
 
 from __future__ import annotations
@@ -93,6 +107,10 @@ def setup_gsplat_ops(dry_run: bool) -> str:
     os.environ.setdefault("DISTSPLAT_GSPLAT_EXT", str(REPO / ".gsplat_ext"))
     if dry_run:
         return "not loaded (dry run)"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "not loaded (no CUDA: a stand-in peer only)"
     from distsplat.render.gsplat_ext import ensure_gsplat_ops
 
     return ensure_gsplat_ops()
@@ -228,6 +246,216 @@ def dry_run(argv: List[str]) -> None:
           f"{parser.image_names[val.indices[0]]} {tuple(item['image'].shape)} K[0]={item['K'][0].tolist()}")
 
 
+class StepProbe:
+    """Measures gsplat's training loop from its iteration (the module doc's probe mode).
+    boundary(i) runs when iteration i starts, i.e. when step i - 1 has ended."""
+
+    def __init__(self, warmup: int, steps: int, profile: int, count_syncs: bool) -> None:
+        import torch
+
+        self.warmup, self.steps, self.profile, self.count_syncs = warmup, steps, profile, count_syncs
+        self.cuda = torch.cuda.is_available()
+        self.claimed = False
+        self.started = 0  # iterations of gsplat's loop begun
+        self.stamps: Dict[int, float] = {}
+        self.prof: Any = None
+        self.range: Any = None
+        self.profiled: List[Dict[str, Any]] = []
+        self.counter: Any = None
+        self.syncs: Optional[Dict[str, Any]] = None
+
+    @staticmethod
+    def from_env() -> "StepProbe":
+        return StepProbe(int(os.environ.get("PEER_PROBE_WARMUP", 10)), int(os.environ.get("PEER_PROBE_STEPS", 50)),
+                         int(os.environ.get("PEER_PROBE_PROFILE", 0)), os.environ.get("PEER_PROBE_SYNCS") == "1")
+
+    @property
+    def needed(self) -> int:
+        """Iterations the loop must start (the last one ends the last measured step)."""
+        return self.warmup + self.steps + self.profile + int(self.count_syncs) + 1
+
+    def install(self) -> None:
+        """tqdm.tqdm -> a subclass whose first iteration over a range (gsplat's training loop)
+        goes through boundary(); every other tqdm is unchanged."""
+        import tqdm
+
+        probe, base = self, tqdm.tqdm
+
+        class ProbedTqdm(base):  # type: ignore[misc, valid-type]
+            def __iter__(self):
+                if probe.claimed or not isinstance(self.iterable, range):
+                    return super().__iter__()
+                probe.claimed = True
+                return probe.wrap(super().__iter__())
+
+        tqdm.tqdm = ProbedTqdm
+
+    def wrap(self, it):
+        for i, item in enumerate(it):
+            self.boundary(i)
+            self.started = i + 1
+            yield item
+        self.boundary(self.started)
+
+    def boundary(self, i: int) -> None:
+        import torch
+
+        from benchmarks import step_ranges as sr
+
+        if self.counter is not None and i == self.warmup + self.steps + self.profile + 1:
+            self.syncs = self.counter.stop()
+            self.counter = None
+        if self.range is not None:
+            self.range.__exit__(None, None, None)
+            self.range = None
+        if self.cuda:
+            torch.cuda.synchronize()
+        if self.warmup <= i <= self.warmup + self.steps:
+            self.stamps[i] = time.perf_counter()
+        p0, p1 = self.warmup + self.steps, self.warmup + self.steps + self.profile
+        if self.prof is not None and i == p1:
+            self.prof.__exit__(None, None, None)
+            self.profiled = sr.analyse(*sr.spans_and_ops(self.prof), kernels=True)
+            self.prof = None
+        if self.profile and i == p0:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
+            self.prof.__enter__()
+        if self.prof is not None:
+            self.range = torch.profiler.record_function(sr.STEP)
+            self.range.__enter__()
+        if self.count_syncs and i == p1:
+            from benchmarks.count_syncs import SyncCounter
+
+            self.counter = SyncCounter(self.cuda)
+            self.counter.start()
+
+    def step_ms(self) -> List[float]:
+        return [1e3 * (self.stamps[i + 1] - self.stamps[i]) for i in range(self.warmup, self.warmup + self.steps)
+                if i in self.stamps and i + 1 in self.stamps]
+
+    def result(self) -> Dict[str, Any]:
+        import statistics
+
+        ms = self.step_ms()
+        out: Dict[str, Any] = {
+            "loop_found": self.claimed, "iterations_started": self.started,
+            "iterations_needed": self.needed, "warmup": self.warmup, "steps": self.steps,
+            "step_ms": ms, "median_step_ms": statistics.median(ms) if ms else None,
+            "timing": "wall time between iteration starts of gsplat's loop, the device synchronized at each",
+        }
+        if self.profile:
+            out["profiled"] = [{"step_ms": r["step_ms"], "cpu_ms": sum(r["cpu_ms"].values()),
+                                "device_ms": sum(r["device_ms"].values()),
+                                "kernels": r.get("kernels", {}).get("bench/other", {})} for r in self.profiled]
+        if self.count_syncs:
+            out["syncs"] = self.syncs
+        return out
+
+    def summary(self) -> str:
+        ms = self.step_ms()
+        med = f"{sorted(ms)[len(ms) // 2]:.2f} ms" if ms else "no step timed"
+        syncs = self.syncs["count"] if self.syncs else "?"
+        return (f"{len(ms)} steps timed, median {med}" + (f", {len(self.profiled)} profiled" if self.profile else "")
+                + (f", {syncs} host syncs in one step" if self.count_syncs else ""))
+
+
+def run_probe(strategy: str, data_dir: str, data_factor: int, result_dir: str, warmup: int, steps: int,
+              profile: int = 0, count_syncs: bool = False, extra_args: Optional[List[str]] = None,
+              peer: Optional[Path] = None, timeout_s: float = 600) -> Dict[str, Any]:
+    """gsplat's own simple_trainer in probe mode, in a subprocess (a process of its own, as
+    its users run it): the probe's JSON, with `returncode` and the output's tail on failure."""
+    import subprocess
+    import tempfile
+
+    probe = StepProbe(warmup, steps, profile, count_syncs)
+    n = probe.needed
+    with tempfile.TemporaryDirectory(prefix="gsplat_probe_") as tmp:
+        out = Path(tmp) / "probe.json"
+        env = {**os.environ, "PEER_PROBE": str(out), "PEER_PROBE_WARMUP": str(warmup),
+               "PEER_PROBE_STEPS": str(steps), "PEER_PROBE_PROFILE": str(profile),
+               "PEER_PROBE_SYNCS": "1" if count_syncs else "0"}
+        env.pop("PEER_DRY_RUN", None)
+        if peer is not None:
+            env["GSPLAT_PEER"] = str(peer)
+        cmd = [sys.executable, str(Path(__file__).resolve()), strategy, "--data_dir", str(data_dir),
+               "--data_factor", str(data_factor), "--result_dir", str(result_dir), "--max_steps", str(n),
+               "--eval_steps", str(n + 1), "--save_steps", str(n + 1), "--disable_viewer"] + list(extra_args or [])
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            rc, tail = p.returncode, (p.stdout + p.stderr)[-3000:]
+        except subprocess.TimeoutExpired as e:
+            rc, tail = 124, f"timed out after {timeout_s:g} s: " + str(e.stdout or "")[-2000:]
+        if rc != 0 or not out.is_file():
+            return {"returncode": rc, "error": "gsplat's trainer (probe mode) failed", "output_tail": tail,
+                    "command": cmd}
+        res = json.loads(out.read_text())
+    res.update(returncode=0, command=cmd)
+    return res
+
+
+STANDIN_TRAINER = '''"""A STAND-IN for gsplat's examples/simple_trainer.py, written by benchmarks/gsplat_peer.py's
+write_standin: no gsplat code, a CPU loop of the same shape (`for step in tqdm.tqdm(range(...))`,
+a loss read per step), for checking the peer driver's plumbing without a GPU."""
+import argparse
+import json
+import os
+
+import torch
+import tqdm
+
+from datasets.colmap import Dataset, Parser  # noqa: F401 (the peer's import, as gsplat's)
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("strategy")
+    ap.add_argument("--max_steps", type=int, default=30)
+    ap.add_argument("--result_dir", default="results")
+    args, _ = ap.parse_known_args()
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 64, generator=g, requires_grad=True)
+    x = torch.randn(256, 64, generator=g)
+    opt = torch.optim.Adam([w], lr=1e-3)
+    pbar = tqdm.tqdm(range(0, args.max_steps))
+    for step in pbar:
+        loss = (x @ w).tanh().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        pbar.set_description(f"loss={loss.item():.3f}")
+    os.makedirs(os.path.join(args.result_dir, "stats"), exist_ok=True)
+    with open(os.path.join(args.result_dir, "stats", f"train_step{args.max_steps - 1:04d}_rank0.json"), "w") as f:
+        json.dump({"mem": 0.0, "ellipse_time": 0.0, "num_GS": 64}, f)
+'''
+
+STANDIN_COLMAP = '''"""A STAND-IN for gsplat's examples/datasets/colmap.py (benchmarks/gsplat_peer.py write_standin)."""
+
+
+class Parser:
+    def __init__(self, *args, **kwargs):
+        self.image_names = []
+
+
+class Dataset:
+    def __init__(self, parser, split="train", *args, **kwargs):
+        self.indices = []
+'''
+
+
+def write_standin(folder: Path) -> Path:
+    """A stand-in peer folder (module doc): BUILD.json saying so, examples/simple_trainer.py
+    and examples/datasets/colmap.py of the stand-in. Returns `folder`."""
+    folder = Path(folder)
+    (folder / "examples" / "datasets").mkdir(parents=True, exist_ok=True)
+    (folder / "site").mkdir(exist_ok=True)
+    (folder / "examples" / "simple_trainer.py").write_text(STANDIN_TRAINER)
+    (folder / "examples" / "datasets" / "colmap.py").write_text(STANDIN_COLMAP)
+    (folder / "BUILD.json").write_text(json.dumps({"standin": True, "sources": "stand-in (gsplat_peer.write_standin): "
+                                                   "no gsplat code"}))
+    return folder
+
+
 def main() -> int:
     argv = sys.argv[1:]
     if not argv or argv[0] not in ("default", "mcmc"):
@@ -269,16 +497,32 @@ def main() -> int:
 
     import torch
 
+    cuda = torch.cuda.is_available()
+    if not cuda and not build.get("standin"):
+        die("gsplat's trainer needs a CUDA GPU (PEER_DRY_RUN=1 checks the setup without one; a stand-in peer, "
+            "write_standin, checks the probe's plumbing)")
+    probe = StepProbe.from_env() if os.environ.get("PEER_PROBE") else None
+    if probe is not None:
+        probe.install()
     # Stats of an earlier run in the same folder (a warm machine) must not be read as this one's.
     shutil.rmtree(Path(result_dir) / "stats", ignore_errors=True)
     own_argv = list(sys.argv)
     sys.argv = [str(PEER / "examples" / "simple_trainer.py")] + argv
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     runpy.run_path(sys.argv[0], run_name="__main__")  # gsplat's own __main__: tyro CLI, cli(main, cfg)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     sys.argv = own_argv  # the JSON's "command" is this driver's
+    if probe is not None:
+        out = probe.result()
+        out.update(gsplat_args=argv, gsplat_ops=ops, stubbed=STUBS, split=SPLIT, wall_seconds=round(wall, 2),
+                   peer=str(PEER), standin=bool(build.get("standin")))
+        Path(os.environ["PEER_PROBE"]).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"gsplat_peer: probe: {probe.summary()} -> {os.environ['PEER_PROBE']}")
+        return 0
 
     import gsplat
     from benchmarks.common import write_result

@@ -34,11 +34,12 @@ MEASURES: Dict[str, List[str]] = {
     "step_breakdown_cpu": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
     "step_breakdown_cuda": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
     "scaling_model": STEP + ["benchmarks/scaling_model.py", "benchmarks/procs.py"],
-    "scaling_gpu": STEP + ["benchmarks/scaling_gpu.py", "benchmarks/scaling_model.py"],
+    "scaling_gpu": STEP + ["distsplat/profiling.py", "benchmarks/scaling_gpu.py", "benchmarks/scaling_model.py",
+                           "benchmarks/step_ranges.py", "benchmarks/procs.py"],
     "vs_gsplat_cpu": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
     "vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
-    "step_vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "distsplat/train/losses.py",
-                            "distsplat/train/gaussians.py", "benchmarks/bench_step_vs_gsplat.py"],
+    "step_vs_gsplat_cuda": ["distsplat", "benchmarks/bench_step_vs_gsplat.py", "benchmarks/step_ranges.py",
+                            "benchmarks/gsplat_peer.py", "scripts/prepare_gsplat_peer.sh"],
     "render_cpu": ["distsplat/render", "benchmarks/bench_render.py"],
     "loader_cpu": ["distsplat/data", "benchmarks/bench_loader.py"],
     "bench_exchange": ["distsplat/distributed", "distsplat/render", "benchmarks/bench_exchange.py"],
@@ -51,7 +52,8 @@ MEASURES: Dict[str, List[str]] = {
                             "benchmarks/readme_figures.py"],
     "cross_w_seeds_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
     "gsplat_compile_sm90": ["scripts/build_gsplat_ext.sh", "scripts/build_gsplat_ext.py"],
-    "host_syncs_cuda": ["distsplat", "benchmarks/count_syncs.py"],
+    "host_syncs_cuda": ["distsplat", "benchmarks/count_syncs.py", "benchmarks/step_ranges.py",
+                        "benchmarks/gsplat_peer.py"],
     "mcmc_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
     "default_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
     "builtin_scenes_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
@@ -62,7 +64,8 @@ MEASURES: Dict[str, List[str]] = {
     "fuzz_parsers": ["distsplat/data", "distsplat/train/checkpoint.py", "distsplat/viewer/model.py", "tests/fuzz"],
     "gsplat_peer": ["benchmarks/gsplat_peer.py", "scripts/prepare_gsplat_peer.sh"],
     "thermos_cuda": ["distsplat", "examples/simple_trainer.py", "scripts/gpu_validate.sh"],
-    "profile_gpu_cuda": ["distsplat", "benchmarks/profile_gpu.py"],
+    "profile_gpu_cuda": ["distsplat", "benchmarks/profile_gpu.py", "benchmarks/step_ranges.py",
+                         "benchmarks/bench_step_vs_gsplat.py"],
     "tests_cuda": ["distsplat", "tests/cuda", "tests/distributed/harness.py", "tests/distributed/staging_workers.py"],
     "million_memory": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train",
                        "benchmarks/bench_million.py", "benchmarks/bench_million_memory.py"],  # before "million"
@@ -399,7 +402,7 @@ def gpu_headline(d) -> str:
                      f"kernels: {p['gsplat']['nvlink_h100']['speedup']:.2f}x / {p['gsplat']['pcie4']['speedup']:.2f}x)")
     a = d["anchors"]
     return (f"{W}-GPU speedup, **a prediction** (not measured on {W} GPUs; `scaling_gpu.json`{stale_mark(d)}): "
-            f"each virtual rank's stages timed on one {d['device']} ({d['scene']['gaussians']:,} Gaussians, "
+            f"each rank's {'step timed by range' if d.get('stages') else 'stages timed'} on one {d['device']} ({d['scene']['gaussians']:,} Gaussians, "
             f"{d['scene']['width']}x{d['scene']['height']}), exchange priced from stated link figures: "
             + "; ".join(parts) + f". Published: gsplat docs {a['gsplat_docs_4gpu']['speedup']}x (4 GPUs), "
             f"Grendel-GS {a['grendel_4xA100_bs4']['speedup']}x (4xA100, batch 4). Largest uncertainty: "
@@ -424,15 +427,20 @@ def section_gpu_model(d) -> str:
     out.append(md_table(["W", "batch/rank", "compute ms (max ranks)", "NVLink step ms", "MB sent (busiest rank)",
                          "compute-only speedup", "ours NVLink", "ours PCIe 5", "ours PCIe 4", "gsplat NVLink",
                          "gsplat PCIe 4"], rows))
-    stages = [k for k in ("activate", "project", "pack", "exchange_copy_fwd", "unpack", "raster_fwd", "loss_fwd", "raster_bwd",
-                          "exchange_copy_bwd", "project_bwd", "adam", "densify")]
+    # scaling_gpu.json names its stages (the trainer's ranges, step_ranges.py); older ones had these
+    stages = d.get("stages") or ["activate", "project", "pack", "exchange_copy_fwd", "unpack", "raster_fwd", "loss_fwd",
+                                 "raster_bwd", "exchange_copy_bwd", "project_bwd", "adam", "densify"]
     srows = []
     for (W, b), r in sorted(gpu_rows(d).items(), key=lambda kv: (kv[0][1], kv[0][0])):
         slow = max(r["per_rank_ms"], key=lambda s: s["A"] + s["B"] + s["C"])
         srows.append([W, b] + [f"{slow.get(k, 0.0):.2f}" for k in stages])
-    out += ["", "Stage times (ms) of the slowest virtual rank (median over the timed steps):", "",
-            md_table(["W", "batch"] + stages, srows), "",
-            f"Exchange per step: ours {d['ours']['forward_collectives']} + {d['ours']['backward_collectives']} "
+    missing = sorted({m for r in gpu_rows(d).values() if r["W"] > 1 for m in r.get("ranges_missing", [])})
+    out += ["", "Stage times (ms) of the slowest rank (median over the timed steps):", "",
+            md_table(["W", "batch"] + stages, srows), ""]
+    if missing:
+        out += [f"Ranges the distributed render did not mark in this run (their time is in train/render:other or "
+                f"train/backward): {', '.join(missing)}.", ""]
+    out += [f"Exchange per step: ours {d['ours']['forward_collectives']} + {d['ours']['backward_collectives']} "
             f"collectives, {gpu_rows(d)[next(iter(gpu_rows(d)))]['bytes_per_pair']} B per pair each way; gsplat "
             f"{d['gsplat']['forward_collectives']} + {d['gsplat']['backward_collectives']} collectives, "
             f"{d['gsplat']['bytes_per_pair_forward']} B per pair forward, {d['gsplat']['bytes_per_pair_backward']} B "

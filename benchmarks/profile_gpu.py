@@ -1,24 +1,31 @@
-"""Where the time of a W = 1 step goes on a CUDA GPU: ours against gsplat, kernels and host.
+"""Where the time of a W = 1 training step goes on a CUDA GPU: the trainer's own step, by
+range, kernels and host.
 
-Three measurements, one process, one GPU:
+Three measurements, one process, one GPU, all of distsplat's Trainer.train_step at W = 1 on a
+COLMAP scene (default $DISTSPLAT_DATA/thermos at full resolution), with the trainer's options
+(packed, fused-ssim when installed, fused Adam):
 
-  render    bench_vs_gsplat's scene (N Gaussians, 1297x840, SH 3): torch.profiler over
-            REPS forward+backward passes of gsplat.rasterization(packed=True), our
-            one-process `rasterize` and our `distributed_rasterize` at W = 1; the tables
-            (self CUDA time, self CPU time) name the kernels and ops the extra time is in.
-  trainer   distsplat's Trainer.train_step at W = 1 on a COLMAP scene (default
-            $DISTSPLAT_DATA/thermos at full resolution), for each image cache mode: steps/s
-            and the share of the step the host spends in the image loader's next() (the
-            data-wait share; issue 14's goal < 1% with `decoded` or `gpu`), and of that the
-            share blocked until the batch's images were ready.
+  ranges    PROFILE_RANGE_STEPS steps of the `gpu`-cache trainer under torch.profiler, per
+            range of the step (benchmarks/step_ranges.py: train/batch ... train/densify and
+            the distributed render's distsplat/project, distsplat/rasterize): the step's time
+            per range, the host time and the kernel time, and the kernels of each range; the
+            profiler's own tables (self CUDA time, self CPU time) of the same steps. A range
+            the render does not mark is listed as missing.
+  trainer   for each image cache mode: steps/s and the share of the step the host spends in
+            the image loader's next() (the data-wait share; issue 14's goal < 1% with
+            `decoded` or `gpu`), and of that the share blocked until the batch's images were
+            ready.
   host      cProfile of the `gpu`-cache trainer's steps: the Python functions the host time
             is in (a GPU step whose kernels are short is bound by the host launching them).
 
     python benchmarks/profile_gpu.py [TABLE_DIR]
-Environment: N (1000000), REPS (5), SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu,gpu-nocheck,
-gpu-torchssim: the gpu cache with --max_bad_steps 0, and with --ssim_impl torch),
-PROFILE_WARM (100), PROFILE_STEPS (300). Writes benchmarks/results/profile_gpu_cuda.json, the tables to
-TABLE_DIR (default: a temporary folder), and prints one summary line.
+Environment: SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu,gpu-nocheck,gpu-torchssim: the gpu
+cache with --max_bad_steps 0, and with --ssim_impl torch), PROFILE_WARM (100), PROFILE_STEPS
+(300), PROFILE_RANGE_STEPS (20). DRY_RUN=1: no GPU, the same code on the CPU (torch backend,
+the built-in synthetic scene, caches none,decoded; the ranges and cProfile on the `decoded`
+one) to check this script's plumbing. Writes benchmarks/results/profile_gpu_cuda.json
+(profile_gpu_dry.json with DRY_RUN=1), the tables to TABLE_DIR (default: a temporary folder),
+and prints one summary line.
 """
 
 from __future__ import annotations
@@ -31,60 +38,43 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bench_vs_gsplat import SH_DEGREE, make_scene, renderers  # noqa: E402
+from benchmarks import step_ranges as sr  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 
 
-def profile_render(table_dir: Path, n: int, reps: int) -> Dict[str, Any]:
-    from gsplat import rasterization
-    from torch.profiler import ProfilerActivity, profile
+def profile_ranges(trainer, table_dir: Path, first: int, steps: int) -> Dict[str, Any]:
+    """`steps` of the trainer's steps under torch.profiler: per range and leaf (median ms of
+    the step, host, kernels), the top kernels per leaf, and the profiler's tables."""
+    from benchmarks.bench_step_vs_gsplat import ranges_table
 
-    width, height = 1297, 840
-    scene = make_scene(n, width, height, 1, "cuda")
-
-    def gsplat_fn(p):
-        c, a, _ = rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"],
-                                p["viewmats"], p["Ks"], width, height, sh_degree=SH_DEGREE, packed=True)
-        return c.sum() + a.sum()
-
-    fns = {"gsplat": gsplat_fn, **renderers(width, height, "gsplat")}
-    out: Dict[str, Any] = {}
-    for name, fn in fns.items():
-        def one():
-            p = {k: v.detach().clone().requires_grad_(k not in ("viewmats", "Ks")) for k, v in scene.items()}
-            fn(p).backward()
-
-        for _ in range(2):
-            one()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            one()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / reps
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                one()
-            torch.cuda.synchronize()
-        ka = prof.key_averages()
-        cuda_us = sum(e.self_device_time_total for e in ka) / reps
-        cpu_us = sum(e.self_cpu_time_total for e in ka) / reps
-        (table_dir / f"render_{name}.txt").write_text(
-            f"{name}: wall {wall * 1e3:.3f} ms per fwd+bwd (no profiler), kernels {cuda_us / 1e3:.3f} ms, "
-            f"host ops {cpu_us / 1e3:.3f} ms (profiled, per pass)\n\n"
-            + ka.table(sort_by="self_cuda_time_total", row_limit=35) + "\n\n"
-            + ka.table(sort_by="self_cpu_time_total", row_limit=25))
-        top = sorted(ka, key=lambda e: -e.self_device_time_total)[:12]
-        out[name] = {"wall_ms": wall * 1e3, "kernel_ms": cuda_us / 1e3, "host_ops_ms": cpu_us / 1e3,
-                     "top_device_ops_ms": {e.key[:80]: e.self_device_time_total / reps / 1e3 for e in top}}
-        del prof
-    return {"scene": {"gaussians": n, "width": width, "height": height, "sh_degree": SH_DEGREE}, "reps": reps,
-            "runs": out}
+    device = trainer.device
+    records, prof = sr.profile_steps(trainer.train_step, range(first, first + steps), device, kernels=True)
+    table = ranges_table(records, device)
+    table["ranges_missing"] = sr.missing(records, sr.expected(trainer.ctx.world_size))
+    ka = prof.key_averages()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    lines = [f"{steps} steps of Trainer.train_step, {trainer.n_all} Gaussians; median per step (ms): step "
+             f"{table['step_ms']:.3f}", "", f"{'range / leaf':40s} {'ms':>9s} {'host ms':>9s} {'kernel ms':>9s}"]
+    for name, ms in table["ranges_ms"].items():
+        lines.append(f"{name:40s} {ms:9.3f}")
+    lines.append("")
+    for leaf, ms in table["leaves_ms"].items():
+        dev = table.get("leaves_device_ms", {}).get(leaf)
+        lines.append(f"{leaf:40s} {ms:9.3f} {table['leaves_cpu_ms'].get(leaf, 0.0):9.3f} "
+                     + (f"{dev:9.3f}" if dev is not None else f"{'-':>9s}"))
+        for k, kms in table["top_kernels_ms"].get(leaf, {}).items():
+            lines.append(f"    {kms:8.3f} ms  {k[:100]}")
+    if table["ranges_missing"]:
+        lines += ["", f"ranges missing: {', '.join(table['ranges_missing'])}"]
+    (table_dir / "trainer_ranges.txt").write_text(
+        "\n".join(lines) + "\n\n" + ka.table(sort_by=sort, row_limit=40) + "\n\n"
+        + ka.table(sort_by="self_cpu_time_total", row_limit=25))
+    return table
 
 
 class TimedLoader:
@@ -107,13 +97,17 @@ class TimedLoader:
         self.inner.close()
 
 
-def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm: int, steps: int) -> Dict[str, Any]:
+def profile_trainer(table_dir: Path, scene: Optional[str], data_factor: int, caches, warm: int, steps: int,
+                    range_steps: int, device: torch.device, dry: bool = False) -> Dict[str, Any]:
+    """Per cache variant: steps/s and data wait; for the `gpu` one (dry: the first), the
+    cProfile of `steps` more steps and the ranges of `range_steps` more (profile_ranges)."""
     from distsplat.distributed import init_distributed
-    from distsplat.train.config import Config
+    from distsplat.train.config import Config, SyntheticConfig
     from distsplat.train.trainer import Trainer
 
-    ctx = init_distributed()
+    ctx = init_distributed(device=device)
     out: Dict[str, Any] = {}
+    detailed = "gpu" if "gpu" in caches else caches[0]
     for variant in caches:
         # "gpu-nocheck": the gpu cache without the divergence check (--max_bad_steps 0), whose
         # host read after backward stops the host from running ahead of the GPU;
@@ -124,10 +118,13 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
         if unknown:
             sys.exit(f"profile_gpu.py: CACHES: unknown variant flag(s) {sorted(unknown)} in {variant!r}")
         tmp = tempfile.mkdtemp(prefix=f"profile_{variant}_")
-        cfg = Config(data_dir=scene, data_factor=data_factor, result_dir=tmp, max_steps=warm + 2 * steps + 10,
-                     eval_steps=[], save_steps=[], save_ply=False, disable_viewer=True, backend="gsplat",
+        cfg = Config(data_dir=scene, data_factor=data_factor, result_dir=tmp,
+                     max_steps=warm + 2 * steps + range_steps + 10, eval_steps=[], save_steps=[], save_ply=False,
+                     disable_viewer=True, backend="torch" if dry else "gsplat",
                      cache=cache, **({"max_bad_steps": 0} if "nocheck" in flags else {}),
                      **({"ssim_impl": "torch"} if "torchssim" in flags else {}))
+        if dry:
+            cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=8, num_gaussians=300, width=32, height=24)
         cfg.validate()
         trainer = Trainer(cfg, ctx)
         t_setup = time.perf_counter()
@@ -137,13 +134,13 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
             trainer.loader = TimedLoader(trainer.loader)
             for step in range(warm):
                 trainer.train_step(step)
-            torch.cuda.synchronize()
+            sr.sync(device)
             trainer.loader.wait = 0.0
             blocked0 = sum(trainer.loader.inner.wait_s)
             t0 = time.perf_counter()
             for step in range(warm, warm + steps):
                 trainer.train_step(step)
-            torch.cuda.synchronize()
+            sr.sync(device)
             wall = time.perf_counter() - t0
             rec = {"setup_s": t_setup, "steps": steps, "step_ms": wall / steps * 1e3, "steps_per_s": steps / wall,
                    "ssim_impl": trainer.ssim_impl,
@@ -154,13 +151,13 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
                    "blocked_wait_share": (sum(trainer.loader.inner.wait_s) - blocked0) / wall,
                    "gaussians": trainer.n_all,
                    "image": [trainer.width, trainer.height],
-                   "peak_gpu_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
-            if variant == "gpu":  # the host's Python time of the same steps
+                   "peak_gpu_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+            if variant == detailed:  # the host's Python time of the same steps, then the ranges
                 pr = cProfile.Profile()
                 pr.enable()
                 for step in range(warm + steps, warm + 2 * steps):
                     trainer.train_step(step)
-                torch.cuda.synchronize()
+                sr.sync(device)
                 pr.disable()
                 s = io.StringIO()
                 pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(60)
@@ -168,33 +165,45 @@ def profile_trainer(table_dir: Path, scene: str, data_factor: int, caches, warm:
                 pstats.Stats(pr, stream=s2).sort_stats("tottime").print_stats(40)
                 (table_dir / "trainer_cprofile.txt").write_text(
                     f"cache {cache}, {steps} steps, {trainer.n_all} Gaussians\n" + s.getvalue() + s2.getvalue())
+                if range_steps:
+                    rec["ranges"] = profile_ranges(trainer, table_dir, warm + 2 * steps, range_steps)
             out[variant] = rec
-            print(f"trainer {variant}: {rec}", flush=True)
+            print(f"trainer {variant}: " + str({k: v for k, v in rec.items() if k != "ranges"}), flush=True)
         finally:
             trainer.cleanup()
     return out
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
-        sys.exit("profile_gpu.py needs a CUDA GPU")
-    from distsplat.render.gsplat_ext import ensure_gsplat_ops
+    dry = os.environ.get("DRY_RUN") == "1"
+    cuda = torch.cuda.is_available() and not dry
+    if not cuda and not dry:
+        sys.exit("profile_gpu.py needs a CUDA GPU (DRY_RUN=1 checks the plumbing on the CPU)")
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        from distsplat.render.gsplat_ext import ensure_gsplat_ops
 
-    print(f"gsplat ops: {ensure_gsplat_ops()}", flush=True)
+        print(f"gsplat ops: {ensure_gsplat_ops()}", flush=True)
     table_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="profile_gpu_"))
     table_dir.mkdir(parents=True, exist_ok=True)
     data = os.environ.get("DISTSPLAT_DATA")
-    scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data else "")
-    caches = os.environ.get("CACHES", "none,decoded,gpu,gpu-nocheck,gpu-torchssim").split(",")
-    render = profile_render(table_dir, int(os.environ.get("N", 1_000_000)), int(os.environ.get("REPS", 5)))
-    print("render: " + ", ".join(f"{k} {v['wall_ms']:.2f} ms" for k, v in render["runs"].items()), flush=True)
+    scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data and not dry else "") or None
+    default = "none,decoded" if dry else "none,decoded,gpu,gpu-nocheck,gpu-torchssim"
+    caches = os.environ.get("CACHES", default).split(",")
     trainer = profile_trainer(table_dir, scene, int(os.environ.get("DATA_FACTOR", 1)), caches,
-                              int(os.environ.get("PROFILE_WARM", 100)), int(os.environ.get("PROFILE_STEPS", 300)))
-    path = write_result("profile_gpu_cuda", {"scene": scene, "render": render, "trainer": trainer,
-                                             "tables": "printed by the run (key_averages, cProfile)"})
-    print("profile: render " + ", ".join(f"{k} {v['wall_ms']:.2f} ms" for k, v in render["runs"].items())
-          + "; trainer " + ", ".join(f"{c} {r['step_ms']:.2f} ms/step wait {100 * r['data_wait_share']:.1f}%"
-                                     for c, r in trainer.items()) + f" -> {path}")
+                              int(os.environ.get("PROFILE_WARM", 100)), int(os.environ.get("PROFILE_STEPS", 300)),
+                              int(os.environ.get("PROFILE_RANGE_STEPS", 20)), device, dry)
+    ranges = next((r["ranges"] for r in trainer.values() if "ranges" in r), None)
+    path = write_result("profile_gpu_dry" if dry else "profile_gpu_cuda", {
+        "scene": scene or "built-in synthetic", "dry_run": dry, "trainer": trainer,
+        "tables": f"{table_dir}: trainer_ranges.txt (per range, the profiler's tables), trainer_cprofile.txt"})
+    top = (", ".join(f"{k} {v:.2f}" for k, v in sorted(ranges["ranges_ms"].items(), key=lambda kv: -kv[1])[:4])
+           if ranges else "not profiled")
+    print("profile: trainer " + ", ".join(f"{c} {r['step_ms']:.2f} ms/step wait {100 * r['data_wait_share']:.1f}%"
+                                          for c, r in trainer.items())
+          + f"; ranges (ms per step) {top}"
+          + (f"; ranges missing: {', '.join(ranges['ranges_missing'])}" if ranges and ranges["ranges_missing"] else "")
+          + f" -> {path}")
 
 
 if __name__ == "__main__":

@@ -1,63 +1,86 @@
-"""The scaling model of `scaling_model.py`, with each virtual rank's stages timed on ONE GPU
-(CUDA events) instead of CPU time / an assumed GPU_FACTOR.
+"""The scaling model of `scaling_model.py`, fed by the trainer's own step: W ranks of a real
+`Trainer` (setup, loader, distributed render, the trainer's loss with fused-ssim on a GPU,
+fused Adam, densification bookkeeping), each timed per range (benchmarks/step_ranges.py) on
+ONE device, one rank at a time.
 
-W virtual ranks live in this process on the one device, each a Trainer with the layout of
-rank r of W (its contiguous 1/W chunk of the Gaussians, its Adam, its DefaultStrategy
-state; no process group, no image files: the ground truth is a fixed random image per
-rank, which costs the loss the same as a real one). A step runs the distributed step's own
-pieces rank by rank (`distributed.render._prepare` / `_render_own`, the trainer's loss,
-Adam and `Trainer._densify`), the all-to-all replaced by the equivalent device copy of the
-packed payload, and times on the device, per rank:
+W > 1: W processes in a gloo group share the device (shared-GPU mode on CUDA,
+distsplat/distributed/staging.py; plain gloo on a CPU) and take turns (step_ranges.
+taking_turns): a rank computes only while it holds a token that it gives up inside every
+collective, after its kernels are done. So each rank's ranges are its work alone on the
+device, as on a GPU of its own; the time in a collective (the exchange, the other ranks'
+turns) is set aside and priced by the model instead. W = 1 runs in this process. Every rank
+runs `Trainer.train_step` under torch.profiler; its leaves (step_ranges.py) are split into
+the segments between the step's synchronization points:
 
-    A  activate (exp/sigmoid/normalize of the raw parameters)
-       project (distsplat.render.project: gsplat's fully_fused_projection + SH per pair)
-       pack (validation, status, checksum, sort by destination, payload, counts) + count read
-    B  unpack the received payload, rasterize own cameras forward (isect + rasterize), loss,
-       backward to the payload
-    C  backward through the projection, Adam, densification bookkeeping (strategy hooks)
+    A  train/batch, distsplat/project, distsplat/pack, train/render:other
+       (everything up to and including packing the payload)
+    B  distsplat/rasterize, train/loss, train/backward up to the payload exchange's backward
+       (train/backward:before_exchange; the whole train/backward at W = 1)
+    C  train/backward:after_exchange (the projection's backward), train/divergence,
+       train/optimizer, train/densify
+    X  distsplat/count_exchange, distsplat/payload_exchange,
+       distsplat/payload_exchange_backward and the collectives: measured, reported, and
+       replaced in the prediction by the link model below (staged through the host here)
 
-The virtual all-to-all (the receiving rank's torch.cat of every rank's rows for it) is
-timed too: a device copy of the payload bytes, the floor of any exchange. Links are
-priced from stated figures (LINKS, each with its source). Model (scaling_model.py's):
+A range the render does not mark is reported missing (`ranges_missing`), and its time stays
+in train/render:other (A) or train/backward (B): the prediction is then rougher, not wrong
+in kind. Links are priced from stated figures (LINKS, each with its source). Model
+(scaling_model.py's):
 
     T(W) = max_r(A_r + C_r) + max_r(B_r) + X(W)
     X(W) = collectives * latency + host_syncs * host_sync
-           + sum over directions of max(busiest rank's bytes / bandwidth, measured device copy)
+           + sum over directions of the busiest rank's bytes / bandwidth
     speedup(W) = W * T(1) / T(W)      (per-rank batch fixed: W times the images per step)
 
-The same accounting is done for gsplat 1.5.3's `rasterization(distributed=True)` (its
-collectives and bytes per step from gsplat/rendering.py + gsplat/distributed.py, with the
-pair counts measured here and the same kernel times: both project every local Gaussian
-into every batch camera and rasterize their own cameras with the same kernels).
+collectives and host syncs are those the ranks' steps made (the count exchange, the payload
+both ways, the divergence check's all-reduce; each collective outside the render is read on
+the host); pairs and bytes come from the render's meta["comm"]. The same accounting is done
+for gsplat 1.5.3's `rasterization(distributed=True)` (its collectives and bytes per step from
+gsplat/rendering.py + gsplat/distributed.py, with the pair counts measured here and the same
+kernel times: both project every local Gaussian into every batch camera and rasterize their
+own cameras with the same kernels).
+
+The scene: a COLMAP capture written once per run (test_garden's SfM points replicated
+REPLICAS times, each copy jittered by its point's nearest-neighbour distance, copies of a
+point adjacent so the contiguous chunks keep the file's order; 64 cameras around the 3
+garden views turned by up to 8 degrees, 1296x840, random images), read by `Trainer.setup`
+as any --data_dir; or SCENE, any COLMAP folder. The scene and the initial Gaussians are
+computed once (by the trainer's own load_scene and init_gaussians) and served to every rank's
+setup (`SetupMemo`), which otherwise would read and k-NN a million points per rank and config.
 
     PYTHONPATH=$PWD python benchmarks/scaling_gpu.py
-Environment: SMALL=1 (a dry run: SMALL_SIZE="20000,128,96" Gaussians,width,height), WS (1,2,4,8), BATCHES (1,4),
-SCALING_WARMUP (3), SCALING_STEPS (20; prefixed so that a training's STEPS in the same shell does
-not leak in), TIME_LIMIT_S (200: past it, no new configuration starts and what is
-measured is written), REPLICAS (8: copies of test_garden's points), DISTSPLAT_DATA (the folder
-with test_garden.npz; default /work/shared/data). Writes benchmarks/results/scaling_gpu.json
-(scaling_gpu_small.json with SMALL=1) after every configuration; prints one summary line.
+Environment: SMALL=1 (a dry run: SMALL_SIZE="20000,128,96" Gaussians,width,height), WS (1,2,4,8),
+BATCHES (1,4), SCALING_WARMUP (3), SCALING_STEPS (20; prefixed so that a training's STEPS in
+the same shell does not leak in), TIME_LIMIT_S (200: past it, no new W starts and what is
+measured is written), REPLICAS (8: copies of test_garden's points), SCENE (a COLMAP folder
+instead of the garden scene), DATA_FACTOR (1, with SCENE), DISTSPLAT_DATA (the folder with
+test_garden.npz; default /work/shared/data), SCALING_SELF_CHECK=1 (each rank also runs the same
+steps by Trainer.train_step alone and says whether it ends with the same parameters: a CPU
+check, as CUDA kernels need not repeat bit for bit). Runs on a CPU too (the torch backend, gloo:
+the plumbing; its numbers are no GPU prediction). Writes benchmarks/results/scaling_gpu.json
+(scaling_gpu_small.json with SMALL=1) after every W; prints one summary line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import math
 import os
-import statistics
 import random
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.scaling_model import COUNT_COLUMNS, makespan, speedup, virtual_rank  # noqa: E402
+from benchmarks import step_ranges as sr  # noqa: E402
+from benchmarks.scaling_model import COUNT_COLUMNS, makespan, speedup  # noqa: E402
 
 T_START = time.perf_counter()
 
@@ -125,74 +148,28 @@ GSPLAT = {
 }
 OURS = {
     "forward_collectives": 2, "backward_collectives": 1, "host_syncs": 1,
-    "source": "distsplat/distributed/render.py + exchange.py (DESIGN.md invariant 2)",
+    "source": ("distsplat/distributed/render.py + exchange.py (DESIGN.md invariant 2); the trainer's other "
+               "collectives per step (the divergence check's all-reduce) are counted from the run"),
 }
 HOST_READ_S = 5e-6
-ADAM_MAX_BATCH = 8
+FIRST_STEP = 3  # SH degree 3 from step 3 (sh_degree_interval 1): the steady-state payload
+
+# The leaves of a rank's step (step_ranges.py) in each segment of the model.
+SEGMENTS = {
+    "A": ("train/batch", "distsplat/project", "distsplat/pack", "train/render:other"),
+    "B": ("distsplat/rasterize", "train/loss", "train/backward", "train/backward:before_exchange"),
+    "C": ("train/backward:after_exchange", "train/divergence", "train/optimizer", "train/densify"),
+}
+# Leaves shown per rank in the JSON (and RESULTS.md), in step order; collectives are summed.
+STAGES = ("train/batch", "distsplat/project", "distsplat/count_exchange", "distsplat/pack",
+          "distsplat/payload_exchange", "train/render:other", "distsplat/rasterize", "train/loss",
+          "train/backward", "train/backward:before_exchange", "distsplat/payload_exchange_backward",
+          "train/backward:after_exchange", "train/divergence", "train/optimizer", "train/densify",
+          "collective", "bench/other")
 
 
 def env_list(name: str, default: str) -> List[int]:
     return [int(x) for x in os.environ.get(name, default).split(",") if x.strip()]
-
-
-# ------------------------------------------------------------------------------ timing
-
-
-class Clock:
-    """Named marks inside one segment: CUDA events on the device (the segment starts after a
-    synchronize, so each interval is the device time of that stage including the host's
-    launch gaps, as one rank alone on its GPU sees it), perf_counter on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks: List[Any] = []
-
-    def start(self) -> None:
-        self.sync()
-        self.marks = []
-        self.mark("start")
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def mark(self, name: str) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append((name, ev))
-        else:
-            self.marks.append((name, time.perf_counter()))
-
-    def intervals(self) -> Dict[str, float]:
-        """ms from the previous mark to each mark (marks with the same name add up)."""
-        self.sync()
-        out: Dict[str, float] = {}
-        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
-            ms = a.elapsed_time(b) if self.cuda else 1e3 * (b - a)
-            out[name] = out.get(name, 0.0) + ms
-        return out
-
-
-@contextlib.contextmanager
-def marked(clock: Clock, name: str, before: str, after: str):
-    """Marks before and after `distributed.render.<name>` (called inside _prepare /
-    _render_own), so a segment splits into stages without copying those functions."""
-    import distsplat.distributed.render as dr
-
-    inner = getattr(dr, name)
-
-    def timed(*args, **kwargs):
-        clock.mark(before)
-        out = inner(*args, **kwargs)
-        clock.mark(after)
-        return out
-
-    setattr(dr, name, timed)
-    try:
-        yield
-    finally:
-        setattr(dr, name, inner)
 
 
 # ------------------------------------------------------------------------------ scene
@@ -225,263 +202,310 @@ def perturbed_cameras(viewmats: np.ndarray, n: int, max_deg: float, seed: int) -
     return out
 
 
-def build_scene(small: bool, device: torch.device) -> Dict[str, Any]:
-    """test_garden's SfM points replicated REPLICAS times (each copy jittered by its point's
-    nearest-neighbour distance, copies of one point adjacent so the contiguous chunks keep the
-    file's order), initialised as the trainer initialises SfM points; 64 cameras around the
-    3 garden views at ~1 MP (garden's K at factor 4: 1296x840). SMALL: 20k points, 128x96."""
-    from distsplat.train.gaussians import knn_mean_distance, rgb_to_sh
+# points3D.bin rows without tracks: id, xyz, rgb, error, track length (COLMAP's binary layout)
+_POINT_ROW = np.dtype([("id", "<u8"), ("xyz", "<f8", 3), ("rgb", "u1", 3), ("error", "<f8"), ("track", "<u8")])
+
+
+def write_garden_scene(folder: Path, small: bool) -> Dict[str, Any]:
+    """A COLMAP capture in `folder` (sparse/0 + images/): test_garden's SfM points replicated
+    REPLICAS times (copy k of point i at row i * reps + k, jittered by the point's
+    nearest-neighbour distance), 64 cameras = the 3 garden views turned by up to 8 degrees at
+    garden's K for 1296x840, random images. SMALL: a subset of SMALL_SIZE's points, its size."""
+    from PIL import Image
+    from scipy.spatial.transform import Rotation
+
+    from distsplat.data import colmap_io
+    from distsplat.train.gaussians import knn_mean_distance
 
     d = np.load(garden_path())
     pts = d["means3d"].astype(np.float64)
-    rgb = d["colors"].astype(np.float32) / 255.0
+    rgb = d["colors"].astype(np.uint8)
     w0, h0 = int(d["width"]), int(d["height"])
     if small:
-        n_s, width_s, height_s = (int(x) for x in os.environ.get("SMALL_SIZE", "20000,128,96").split(","))
-        keep = np.random.default_rng(0).permutation(len(pts))[:n_s]
-        keep.sort()
-        pts, rgb, reps, (width, height) = pts[keep], rgb[keep], 1, (width_s, height_s)
+        n_s, width, height = (int(x) for x in os.environ.get("SMALL_SIZE", "20000,128,96").split(","))
+        keep = np.sort(np.random.default_rng(0).permutation(len(pts))[:n_s])
+        pts, rgb, reps = pts[keep], rgb[keep], 1
     else:
         reps, (width, height) = int(os.environ.get("REPLICAS", 8)), (2 * w0, 2 * h0)
-    knn = knn_mean_distance(pts)  # [N0]
     rng = np.random.default_rng(1)
     n_all = len(pts) * reps
-    # [N0 * reps, 3]: copy k of point i at row i * reps + k
-    means = np.repeat(pts, reps, 0) + rng.normal(size=(n_all, 3)) * np.repeat(knn, reps)[:, None] * (reps > 1)
-    dist = np.repeat(knn, reps) / reps ** (1 / 3)  # reps x denser: spacing / reps^(1/3)
-    g = torch.Generator().manual_seed(0)
-    sh_degree = 3
-    params = {
-        "means": torch.from_numpy(means).float(),
-        "scales": torch.log(torch.from_numpy(dist).float())[:, None].repeat(1, 3),
-        "quats": torch.rand(n_all, 4, generator=g),
-        "opacities": torch.logit(torch.full((n_all,), 0.1)),
-        "sh0": rgb_to_sh(torch.from_numpy(np.repeat(rgb, reps, 0)))[:, None, :],
-        "shN": torch.zeros(n_all, (sh_degree + 1) ** 2 - 1, 3),
-    }
-    Ks = d["Ks"][:1].astype(np.float32).copy()
-    Ks[:, 0] *= width / w0
-    Ks[:, 1] *= height / h0
+    jitter = np.repeat(knn_mean_distance(pts), reps)[:, None] if reps > 1 else 0.0
+    means = np.repeat(pts, reps, 0) + rng.normal(size=(n_all, 3)) * jitter  # [N0 * reps, 3]
     n_cam = 64
-    viewmats = perturbed_cameras(d["viewmats"], n_cam, 8.0, seed=2)
-    centres = -np.einsum("cji,cj->ci", viewmats[:, :3, :3], viewmats[:, :3, 3])
-    scene_scale = float(1.1 * np.linalg.norm(centres - centres.mean(0), axis=1).max())
+    viewmats = perturbed_cameras(d["viewmats"], n_cam, 8.0, seed=2).astype(np.float64)
+    K = d["Ks"][0].astype(np.float64)
+    fx, fy, cx, cy = K[0, 0] * width / w0, K[1, 1] * height / h0, K[0, 2] * width / w0, K[1, 2] * height / h0
+    sparse, images = folder / "sparse" / "0", folder / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    cams = {1: colmap_io.Camera(1, "PINHOLE", width, height, np.array([fx, fy, cx, cy]))}
+    ims = {}
+    for i in range(n_cam):
+        q = Rotation.from_matrix(viewmats[i, :3, :3]).as_quat()  # x, y, z, w
+        ims[i + 1] = colmap_io.Image(i + 1, np.array([q[3], q[0], q[1], q[2]]), viewmats[i, :3, 3], 1,
+                                     f"view_{i:03d}.jpg")
+        low = rng.integers(0, 256, size=(max(height // 16, 2), max(width // 16, 2), 3), dtype=np.uint8)
+        Image.fromarray(low).resize((width, height), Image.BILINEAR).save(images / f"view_{i:03d}.jpg", quality=90)
+    none = colmap_io.Points(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0))
+    colmap_io.write_model_bin(colmap_io.Model(cams, ims, none), sparse)
+    rows = np.zeros(n_all, _POINT_ROW)
+    rows["id"], rows["xyz"], rows["rgb"] = np.arange(1, n_all + 1), means, np.repeat(rgb, reps, 0)
+    with open(sparse / "points3D.bin", "wb") as f:
+        f.write(np.uint64(n_all).tobytes())
+        f.write(rows.tobytes())
     return {
-        "params": {k: v.to(device) for k, v in params.items()},
-        "viewmats": torch.from_numpy(viewmats).to(device),
-        "Ks": torch.from_numpy(np.repeat(Ks, n_cam, 0)).to(device),
-        "width": width, "height": height, "n_all": n_all, "sh_degree": sh_degree,
-        "scene_scale": max(scene_scale, 1e-3),
-        "describe": {
-            "source": f"{garden_path().name}: {len(pts)} SfM points x {reps} jittered copies = {n_all} Gaussians, "
-                      "initialised like --init_type sfm (knn scales, opacity 0.1, SH degree 3 with zero rest "
-                      f"coefficients); {n_cam} cameras = the 3 garden views turned by up to 8 deg; "
-                      f"{width}x{height} ({width * height / 1e6:.2f} MP); ground truth: random images",
-            "gaussians": n_all, "width": width, "height": height, "cameras": n_cam,
-        },
+        "source": f"{garden_path().name}: {len(pts)} SfM points x {reps} jittered copies = {n_all} Gaussians "
+                  f"(--init_type sfm: k-NN scales, opacity 0.1, SH degree 3); {n_cam} cameras = the 3 garden views "
+                  f"turned by up to 8 deg (every 8th a test camera); {width}x{height} ({width * height / 1e6:.2f} MP); "
+                  "random images; written as a COLMAP capture and read by Trainer.setup",
+        "gaussians": n_all, "width": width, "height": height, "cameras": n_cam,
     }
 
 
-class SyntheticImages:
-    """Stands in for the trainer's ImageLoader: a fixed random image per own camera, already
-    on the device (a real loader prefetches to the device off the step's critical path)."""
-
-    def __init__(self, n: int, height: int, width: int, device: torch.device, seed: int):
-        g = torch.Generator().manual_seed(seed)
-        self.images = (torch.rand(n, height, width, 3, generator=g) * 255).to(torch.uint8).to(device)
-
-    def __next__(self):
-        return self
-
-    def stacked(self):
-        return self.images
-
-
-def virtual_rank_trainer(scene: Dict[str, Any], W: int, r: int, b: int, device: torch.device, seed: int = 0):
-    """A Trainer with rank r of W's state, built without Trainer.setup (no scene files, no
-    loader, no knn over all points): exactly what `_init_gaussians` leaves, from the scene's
-    already initialised parameters."""
-    from distsplat.distributed import CameraBatcher, DistContext, chunk_bounds
-    from distsplat.train import strategy_ops
+def bench_config(data_dir: str, data_factor: int, batch: int, result_dir: str):
+    """The trainer's default config on the scene, per-rank batch `batch`: SH degree 3 from
+    step 3, densification statistics every step and never a refine (a fixed number of
+    Gaussians), images decoded in RAM (prewarmed before timing)."""
     from distsplat.train.config import default_config
-    from distsplat.train.gaussians import create_optimizers, initial_ids
-    from distsplat.train.trainer import Trainer
 
     cfg = default_config()
-    cfg.batch_size = b
+    cfg.data_dir, cfg.data_factor = data_dir, data_factor
+    cfg.batch_size = batch
     cfg.max_steps = 30_000
-    cfg.sh_degree = scene["sh_degree"]
     cfg.sh_degree_interval = 1
-    cfg.disable_viewer = True
-    cfg.result_dir = "/tmp/distsplat-scaling-gpu"
+    cfg.result_dir = result_dir
+    cfg.disable_viewer, cfg.save_ply = True, False
+    cfg.eval_steps, cfg.save_steps = [], []
+    cfg.cache = "decoded"
     s = cfg.strategy
-    s.refine_start_iter = s.refine_stop_iter = 10 ** 9  # bookkeeping every step, never a refine
+    s.refine_start_iter = s.refine_stop_iter = 10 ** 9
     if hasattr(s, "reset_every"):
         s.reset_every = 10 ** 9
-    ctx = DistContext(rank=r, world_size=W, local_rank=0, device=device, backend=None)
-    t = Trainer(cfg, ctx)
-    n_all = scene["n_all"]
-    bounds = chunk_bounds(n_all, W)[r]
-    t.viewmats, t.Ks = scene["viewmats"], scene["Ks"]
-    t.width, t.height = scene["width"], scene["height"]
-    t.scene_scale = scene["scene_scale"]
-    t.train_idx = torch.arange(len(scene["viewmats"]), dtype=torch.int64)
-    t.batcher = CameraBatcher(len(t.train_idx), W, b, cfg.seed)
-    t.start_step = t.batch_start = 0
-    t.pose = t.depth = None
-    t.n_all = n_all
-    t.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v[bounds[0]:bounds[1]].clone())
-                                       for k, v in scene["params"].items()})
-    lrs = {"means": cfg.means_lr, "scales": cfg.scales_lr, "opacities": cfg.opacities_lr,
-           "quats": cfg.quats_lr, "sh0": cfg.sh0_lr, "shN": cfg.shN_lr}
-    # gsplat's batch scaling of Adam's betas, 1 - B (1 - 0.9), is negative past a global batch
-    # of 9 (torch.optim.Adam refuses it); the step costs the same with any valid betas.
-    t.optimizers = create_optimizers(t.params, min(b * W, ADAM_MAX_BATCH), t.scene_scale, lrs)
-    t.means_lr0 = t.optimizers["means"].param_groups[0]["lr"]
-    strategy_ops.install()
-    t.strategy = copy.deepcopy(cfg.strategy)
-    t.strategy_state = t.strategy.initialize_state(scene_scale=t.scene_scale)
-    t.strategy_state.update(uid=initial_ids(bounds, device), seed=cfg.seed)
-    t.loader = SyntheticImages(b, t.height, t.width, device, seed + r)
-    return t
+    cfg.validate()
+    return cfg
 
 
-# ------------------------------------------------------------------------------ one step
+# ------------------------------------------------------------------------------ setup, once
 
 
-def gpu_step(trainers, step: int, clock: Clock) -> Dict[str, Any]:
-    """One step of W virtual ranks; per-rank stage times (ms) and the exchange's sizes."""
-    from distsplat.distributed.render import PAYLOAD_FIXED, _RENDER_DEFAULTS, _prepare, _rasterize_own, _render_own
-    from distsplat.render import make_meta
-    from distsplat.train.gaussians import activated
-    from distsplat.train.losses import photometric_loss
+class SetupMemo:
+    """The scene and the initial Gaussians of Trainer.setup, computed once by the trainer's
+    own `load_scene` and `init_gaussians` and served to every later setup of the same scene
+    (the rank processes load it from a file): reading and k-NN-ing a million points per rank
+    and configuration would cost more than the timed steps. A call that differs (another
+    scene, other points or options) runs the real function."""
 
-    W = len(trainers)
-    stages: List[Dict[str, float]] = [{} for _ in range(W)]
-    st = []
-    for r, t in enumerate(trainers):  # A: project + pack + the count read
-        cfg = t.cfg
-        batch = t._batch(step)
-        gt = next(t.loader).stacked()[: len(batch.own(r))].float() / 255.0  # [C_own, H, W, 3]
-        n_cam = len(batch.cameras)
-        cams = t.train_idx[batch.cameras].to(t.device)
-        viewmats = t.viewmats[t.train_idx[batch.cameras]]  # as the trainer: a host index (data/poses.py), before the clock
-        owner = batch.camera_owner.to(t.device)
-        sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
-        kw = t._render_kwargs(None)
-        packed, backend = kw.pop("packed"), kw.pop("backend")
-        opts = dict(_RENDER_DEFAULTS)
-        opts.update(kw)
-        clock.start()
-        g = activated(t.params, sh)
-        clock.mark("activate")
-        # before the projection: validation, status, checksum (counted as packing)
-        with virtual_rank(r, W), marked(clock, "project", "pack", "project"):
-            # W = 1: distributed_rasterize's direct path (no payload, rendered from the pairs)
-            local = _prepare(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                             viewmats, t.Ks[cams], t.width, t.height, owner,
-                             sh, packed, backend, True, opts, [], None, False, W > 1)
-        if local.error is not None:
-            raise local.error
-        counts = local.counts.tolist()  # the one host read of the real count exchange
-        meta = make_meta(local.pairs, local.dense, t.width, t.height, n_cam)
-        t.strategy.step_pre_backward(t.params, t.optimizers, t.strategy_state, step, meta)
-        clock.mark("pack")
-        stages[r].update(clock.intervals())
-        stages[r].pop("start", None)
-        st.append({"batch": batch, "gt": gt, "g": g, "local": local, "counts": counts,
-                   "meta": meta, "opts": opts, "backend": local.backend, "n_cam": n_cam})
+    def __init__(self) -> None:
+        self.scene_key: Optional[Tuple] = None
+        self.scene: Any = None
+        self.init_args: Optional[Dict[str, Any]] = None  # points, rgbs, sh_degree, options
+        self.init: Optional[Dict[str, torch.Tensor]] = None  # every Gaussian's initial parameters (CPU)
 
-    # The all-to-all as a device copy: rank d receives, in source-rank order, every rank's
-    # rows for d. Timed: the floor of the exchange (every received byte written once).
-    F = PAYLOAD_FIXED + st[0]["local"].pairs.colors.shape[-1]
-    itemsize = 4  # float32 payload
-    pieces = [s["local"].payload.detach().split(s["counts"]) for s in st] if W > 1 else []
-    received = []
-    for d in range(W if W > 1 else 0):
-        clock.start()
-        received.append(torch.cat([pieces[r][d] for r in range(W)]).requires_grad_())
-        clock.mark("copy")
-        stages[d]["exchange_copy_fwd"] = clock.intervals()["copy"]
+    @staticmethod
+    def _key(cfg) -> Tuple:
+        return (str(cfg.data_dir), cfg.data_factor, cfg.normalize_world_space, cfg.test_every, cfg.data_shards)
 
-    for d, t in enumerate(trainers):  # B: rasterize own cameras, loss, backward
-        s = st[d]
-        own_idx = s["batch"].own(d).to(t.device)
-        clock.start()
-        if W == 1:
-            colors, _ = _rasterize_own(s["local"].pairs, None, own_idx, t.width, t.height, s["backend"], s["opts"])
-        else:
-            with marked(clock, "_unpack", "raster_fwd", "unpack"):
-                colors, _ = _render_own(received[d], own_idx, torch.float32, t.width, t.height,
-                                        s["backend"], s["opts"])
-        clock.mark("raster_fwd")
-        loss = photometric_loss(colors, s["gt"], t.cfg.ssim_lambda) / s["n_cam"]
-        clock.mark("loss_fwd")
-        loss.backward()
-        clock.mark("raster_bwd")
-        stages[d].update(clock.intervals())
-        stages[d].pop("start", None)
+    @contextlib.contextmanager
+    def serving(self) -> Iterator["SetupMemo"]:
+        """Within: Trainer.setup's load_scene and init_gaussians are served from the memo
+        (filled by the first call)."""
+        import distsplat.train.trainer as tm
 
-    grads = []
-    for r in range(W if W > 1 else 0):  # the reverse all-to-all as a device copy, timed like the forward one
-        clock.start()
-        grads.append(torch.cat([received[d].grad.split([st[q]["counts"][d] for q in range(W)])[r]
-                                for d in range(W)]))
-        clock.mark("copy")
-        stages[r]["exchange_copy_bwd"] = clock.intervals()["copy"]
+        for name in ("load_scene", "init_gaussians"):
+            if not callable(getattr(tm, name, None)):
+                raise RuntimeError(f"scaling_gpu: distsplat.train.trainer.{name} is gone: Trainer.setup gets its scene "
+                                   "or initial Gaussians another way now; update SetupMemo")
+        real_scene, real_init = tm.load_scene, tm.init_gaussians
 
-    for r, t in enumerate(trainers):  # C: backward through the projection, Adam, densification
-        s, cfg = st[r], t.cfg
-        clock.start()
-        # W = 1: B's backward already ran through the projection (no payload in between)
-        outs, gs = ([s["local"].payload], [grads[r]]) if W > 1 else ([], [])
-        if cfg.opacity_reg > 0:
-            outs.append(cfg.opacity_reg * s["g"]["opacities"].sum() / t.n_all)
-            gs.append(torch.ones((), device=t.device))
-        if cfg.scale_reg > 0:
-            outs.append(cfg.scale_reg * s["g"]["scales"].sum() / (3 * t.n_all))
-            gs.append(torch.ones((), device=t.device))
-        if outs:
-            torch.autograd.backward(outs, gs)
-        clock.mark("project_bwd")
-        lr = t._means_lr(step)
-        t.optimizers["means"].param_groups[0]["lr"] = lr
-        for opt in t.optimizers.values():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        clock.mark("adam")
-        t._densify(step, s["meta"], lr)
-        clock.mark("densify")
-        stages[r].update(clock.intervals())
-        stages[r].pop("start", None)
-    sent = [sum(c for d, c in enumerate(s["counts"]) if d != r) for r, s in enumerate(st)]
-    recv = [sum(st[r]["counts"][d] for r in range(W) if r != d) for d in range(W)]
-    return {
-        "stages_ms": stages,
-        "pairs_projected": [sum(s["counts"]) for s in st],
-        "pairs_rendered": [sum(st[r]["counts"][d] for r in range(W)) for d in range(W)],
-        "pairs_sent": sent, "pairs_received": recv,
-        "pair_matrix": [s["counts"] for s in st],  # [W][W] pairs from rank r to rank d
-        "payload_fields": F, "bytes_per_pair": F * itemsize,
-    }
+        def load_scene(cfg):
+            if self.scene is None:
+                self.scene_key, self.scene = self._key(cfg), real_scene(cfg)
+            return self.scene if self._key(cfg) == self.scene_key else real_scene(cfg)
+
+        def init_gaussians(points, rgbs, sh_degree, bounds, *, device=None, **options):
+            args = {"sh_degree": sh_degree, "options": options}
+            if self.init is None:
+                self.init_args = {"points": points.clone(), "rgbs": rgbs.clone(), **args}
+                full = real_init(points, rgbs, sh_degree, (0, len(points)), **options)
+                self.init = {k: v.detach() for k, v in full.items()}
+            a = self.init_args
+            if not (a["sh_degree"] == sh_degree and a["options"] == options and torch.equal(a["points"], points)
+                    and torch.equal(a["rgbs"], rgbs)):
+                return real_init(points, rgbs, sh_degree, bounds, device=device, **options)
+            start, end = bounds
+            return torch.nn.ParameterDict({k: torch.nn.Parameter(v[start:end].clone().to(device) if device else
+                                                                 v[start:end].clone()) for k, v in self.init.items()})
+
+        tm.load_scene, tm.init_gaussians = load_scene, init_gaussians
+        try:
+            yield self
+        finally:
+            tm.load_scene, tm.init_gaussians = real_scene, real_init
+
+    def save(self, path: Path) -> None:
+        torch.save({"scene_key": self.scene_key, "scene": self.scene, "init_args": self.init_args, "init": self.init},
+                   path)
+
+    @staticmethod
+    def load(path: Path) -> "SetupMemo":
+        m = SetupMemo()
+        d = torch.load(path, weights_only=False)
+        m.scene_key, m.scene, m.init_args, m.init = d["scene_key"], d["scene"], d["init_args"], d["init"]
+        return m
 
 
-SEGMENTS = {"A": ("activate", "project", "pack"), "B": ("unpack", "raster_fwd", "loss_fwd", "raster_bwd"),
-            "C": ("project_bwd", "adam", "densify")}
+def prewarm(trainer) -> None:
+    """Every own image decoded into the rank's cache before timing (benchmarks/procs.py)."""
+    from benchmarks.procs import prewarm as fill
+
+    fill(trainer)
+
+
+# ------------------------------------------------------------------------------ one rank
+
+
+COMM_KEYS = ("pairs_projected", "pairs_sent", "pairs_received", "pairs_rendered")
+
+
+@contextlib.contextmanager
+def capturing_comm(trainer) -> Iterator[List[Dict[str, Any]]]:
+    """meta["comm"] of each distributed render the trainer's step makes (pairs and bytes of
+    the exchange), read by wrapping the trainer module's distributed_rasterize; the list
+    gets one dict per render call (one per size group of a step)."""
+    import distsplat.train.trainer as tm
+
+    seen: List[Dict[str, Any]] = []
+    real = getattr(tm, "distributed_rasterize", None)
+    if real is None:  # the trainer renders another way: no pair counts (reported missing)
+        yield seen
+        return
+
+    def render(*args, **kwargs):
+        out = real(*args, **kwargs)
+        comm = out[2].get("comm") if isinstance(out[2], dict) else None
+        seen.append(dict(comm) if comm else {})
+        return out
+
+    tm.distributed_rasterize = render
+    try:
+        yield seen
+    finally:
+        tm.distributed_rasterize = real
+
+
+def _step_comm(calls: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The render calls of one step as one: pairs summed, bytes per pair of the first."""
+    out: Dict[str, Any] = {k: sum(c.get(k, 0) for c in calls) for k in COMM_KEYS if any(k in c for c in calls)}
+    if calls and "bytes_per_pair" in calls[0]:
+        out["bytes_per_pair"] = calls[0]["bytes_per_pair"]
+    return out
+
+
+def rank_job(ctx, job: Dict[str, Any], token=None) -> List[Dict[str, Any]]:
+    """One rank's part of every per-rank batch of `job` (its own process at W > 1): a real
+    Trainer set up on the scene, SCALING_WARMUP steps, then SCALING_STEPS steps under the
+    profiler, ranks taking turns with `token`. Returns per batch the steps' leaves (ms),
+    collectives and comm; with job["return_params"], the parameters after the last step."""
+    from distsplat.train.trainer import Trainer
+
+    device = ctx.device
+    if device.type == "cpu":
+        torch.set_num_threads(job.get("threads", 1))
+    memo = job["memo"] if isinstance(job["memo"], SetupMemo) else SetupMemo.load(Path(job["memo"]))
+    out = []
+    first, warmup, steps = job["first_step"], job["warmup"], job["steps"]
+    with memo.serving():
+        for b in job["batches"]:
+            cfg = bench_config(job["data_dir"], job["data_factor"], b,
+                               str(Path(job["result_dir"]) / f"W{ctx.world_size}_b{b}_r{ctx.rank}"))
+            trainer = Trainer(cfg, ctx)
+            try:
+                trainer.setup()
+                prewarm(trainer)
+                per_step: List[Dict[str, Any]] = []
+                with capturing_comm(trainer) as calls, sr.taking_turns(token, device):
+                    for s in range(first, first + warmup):
+                        trainer.train_step(s)
+
+                    def cut(_step: int) -> None:
+                        per_step.append(_step_comm(calls))
+                        calls.clear()
+
+                    calls.clear()
+                    prof = sr.record_steps(trainer.train_step, range(first + warmup, first + warmup + steps), device,
+                                           after_step=cut)
+                records = sr.analyse(*sr.spans_and_ops(prof))  # the ranks read their profiles at once
+                del prof
+                res: Dict[str, Any] = {
+                    "batch": b, "rank": ctx.rank, "gaussians": len(trainer.params["means"]), "n_all": trainer.n_all,
+                    "image": [trainer.width, trainer.height],
+                    "ssim_impl": getattr(trainer, "ssim_impl", None),
+                    "steps": [{"leaves": r["leaves"], "step_ms": r["step_ms"], "collectives": r["collectives"],
+                               "seen": r["seen"], "device_ops": r["device_ops"], "comm": c}
+                              for r, c in zip(records, per_step)],
+                }
+                if job.get("return_params"):
+                    res["params"] = {k: v.detach().cpu().clone() for k, v in trainer.params.items()}
+            finally:
+                trainer.cleanup()
+                gc.collect()  # the loader's threads and buffers, before the next batch's trainer
+            if job.get("check_plain"):  # the same steps by Trainer.train_step alone: the same parameters?
+                res["same_as_plain_trainer"] = _plain_matches(cfg, ctx, trainer.params, first, warmup + steps)
+            out.append(res)
+    return out
+
+
+def _plain_matches(cfg, ctx, params, first: int, n: int) -> bool:
+    """A second Trainer on the same config stepped by train_step alone (no profiler, no
+    turns, nothing captured): whether it ends with exactly `params`."""
+    from distsplat.train.trainer import Trainer
+
+    plain = Trainer(cfg, ctx)
+    try:
+        plain.setup()
+        for s in range(first, first + n):
+            plain.train_step(s)
+        return all(torch.equal(params[k].detach().cpu(), v.detach().cpu()) for k, v in plain.params.items())
+    finally:
+        plain.cleanup()
+
+
+def _rank_entry(ctx, job: Dict[str, Any], token) -> List[Dict[str, Any]]:
+    return rank_job(ctx, job, token)
+
+
+def run_world(W: int, job: Dict[str, Any]) -> List[List[Dict[str, Any]]]:
+    """rank_job on W ranks: in this process at W = 1, else W processes (benchmarks/procs.py)
+    sharing this machine's one device (shared-GPU mode on CUDA), taking turns."""
+    if W == 1:
+        from distsplat.distributed import init_distributed
+
+        return [rank_job(init_distributed(device=job_device()), job)]
+    import torch.multiprocessing as mp
+
+    from benchmarks.procs import run_ranks
+
+    if torch.cuda.is_available():
+        os.environ["DISTSPLAT_SHARED_GPU"] = "1"  # the children inherit it: every rank on cuda:0 over gloo
+    token = mp.get_context("spawn").Lock()
+    return run_ranks(_rank_entry, W, job, token)
+
+
+def job_device() -> torch.device:
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------ model
 
 
 def segment(stages: Dict[str, float], name: str) -> float:
     return sum(stages.get(k, 0.0) for k in SEGMENTS[name])
 
 
-# ------------------------------------------------------------------------------ model
-
-
 def exchange_ms(pairs_sent: List[int], pairs_received: List[int], W: int, bytes_fwd: int, bytes_bwd: int,
                 link: Dict[str, Any], collectives: int, host_syncs: int, copy_fwd_ms: float = 0.0,
                 copy_bwd_ms: float = 0.0, extra_fixed_bytes: int = 0, extra_reads: int = 0) -> float:
     """The exchange of one step at the busiest rank: latency per collective, host syncs, and
-    per direction the payload at the link bandwidth, never faster than the measured device copy."""
+    per direction the payload at the link bandwidth (never faster than a measured copy, if given)."""
     if W <= 1:
         return 0.0
     busiest = max(max(s, r) for s, r in zip(pairs_sent, pairs_received))
@@ -491,6 +515,23 @@ def exchange_ms(pairs_sent: List[int], pairs_received: List[int], W: int, bytes_
             + max(wire_fwd, copy_fwd_ms) + max(wire_bwd, copy_bwd_ms))
 
 
+# Leaves of the render and its backward: their collectives are the exchanges (OURS).
+RENDER_LEAVES = ("distsplat/", "train/render", "train/backward")
+
+
+def collectives_and_reads(rec: Dict[str, Any]) -> Tuple[int, int]:
+    """(collectives, host syncs) of our step at its busiest rank: counted from the run when
+    recorded (the exchanges, plus each collective outside the render, e.g. the divergence
+    check's all-reduce, read on the host), else the render's own (OURS)."""
+    base = OURS["forward_collectives"] + OURS["backward_collectives"]
+    per_rank = rec.get("collectives")
+    if not per_rank:
+        return base, OURS["host_syncs"]
+    n = max(sum(c.values()) for c in per_rank)
+    outside = max(sum(v for k, v in c.items() if not k.startswith(RENDER_LEAVES)) for c in per_rank)
+    return max(n, base), OURS["host_syncs"] + outside
+
+
 def model_step(rec: Dict[str, Any], link: Optional[Dict[str, Any]], system: str = "ours") -> Dict[str, float]:
     """Predicted step (ms) of one recorded step: T = max_r(A + C) + max_r(B) + X."""
     W = len(rec["stages_ms"])
@@ -498,25 +539,52 @@ def model_step(rec: Dict[str, Any], link: Optional[Dict[str, Any]], system: str 
     # gsplat on one GPU renders without its distributed code path: no packing stage (at W > 1
     # its all_to_all_tensor_list concatenations and id offsets stand in for our packing).
     unpacked = system == "gsplat" and W == 1
-    ac = makespan([segment(s, "A") - unpacked * s.get("pack", 0.0) + segment(s, "C") for s in st])
+    ac = makespan([segment(s, "A") - unpacked * s.get("distsplat/pack", 0.0) + segment(s, "C") for s in st])
     b = makespan([segment(s, "B") for s in st])
-    copy_f = max(s.get("exchange_copy_fwd", 0.0) for s in st)
-    copy_b = max(s.get("exchange_copy_bwd", 0.0) for s in st)
     x = 0.0
     if link is not None and W > 1:
         if system == "ours":
+            collectives, reads = collectives_and_reads(rec)
             x = exchange_ms(rec["pairs_sent"], rec["pairs_received"], W, rec["bytes_per_pair"], rec["bytes_per_pair"],
-                            link, OURS["forward_collectives"] + OURS["backward_collectives"], OURS["host_syncs"],
-                            copy_f, copy_b, extra_fixed_bytes=(W - 1) * COUNT_COLUMNS * 8)
+                            link, collectives, reads, extra_fixed_bytes=(W - 1) * COUNT_COLUMNS * 8)
         else:  # gsplat: same pairs (same projection), its own fields and collectives
-            per_pair = GSPLAT["bytes_per_pair_forward"] / rec["bytes_per_pair"]
             x = exchange_ms(rec["pairs_sent"], rec["pairs_received"], W, GSPLAT["bytes_per_pair_forward"],
                             GSPLAT["bytes_per_pair_backward"], link,
                             GSPLAT["forward_collectives"] + GSPLAT["backward_collectives"], GSPLAT["host_syncs"],
-                            copy_f * per_pair, copy_b * GSPLAT["bytes_per_pair_backward"] / rec["bytes_per_pair"],
                             extra_fixed_bytes=(W - 1) * (rec["cameras_per_rank"] * GSPLAT["camera_bytes_per_camera"] + 8),
                             extra_reads=GSPLAT["extra_host_reads_per_rank"] * W)
     return {"compute_ms": ac + b, "exchange_ms": x, "step_ms": ac + b + x}
+
+
+def step_records(ranks: List[Dict[str, Any]], b: int) -> List[Dict[str, Any]]:
+    """The W ranks' results of one batch size -> one model record per timed step."""
+    W = len(ranks)
+    recs = []
+    for i in range(min(len(r["steps"]) for r in ranks)):
+        steps = [r["steps"][i] for r in ranks]
+        comm = [s["comm"] for s in steps]
+        recs.append({
+            "stages_ms": [_stages(s["leaves"]) for s in steps],
+            "step_ms": [s["step_ms"] for s in steps],
+            "collectives": [s["collectives"] for s in steps] if W > 1 else [],
+            "pairs_projected": [c.get("pairs_projected", 0) for c in comm],
+            "pairs_rendered": [c.get("pairs_rendered", 0) for c in comm],
+            "pairs_sent": [c.get("pairs_sent", 0) for c in comm],
+            "pairs_received": [c.get("pairs_received", 0) for c in comm],
+            "bytes_per_pair": next((c["bytes_per_pair"] for c in comm if c.get("bytes_per_pair")), 0),
+            "comm_missing": any(not c for c in comm),
+            "cameras_per_rank": b,
+        })
+    return recs
+
+
+def _stages(leaves: Dict[str, float]) -> Dict[str, float]:
+    """A rank's leaves (ms) with its collectives summed into one `collective` stage."""
+    out: Dict[str, float] = {}
+    for k, v in leaves.items():
+        key = "collective" if k.startswith("collective:") else k
+        out[key] = out.get(key, 0.0) + v
+    return out
 
 
 def summarize(records: List[Dict[str, Any]], W: int, b: int) -> Dict[str, Any]:
@@ -524,20 +592,23 @@ def summarize(records: List[Dict[str, Any]], W: int, b: int) -> Dict[str, Any]:
     for rec in records:
         rec["cameras_per_rank"] = b
     med = statistics.median
-    keys = sorted({k for rec in records for s in rec["stages_ms"] for k in s})
+    keys = list(dict.fromkeys([k for k in STAGES if any(k in s for rec in records for s in rec["stages_ms"])]
+                              + [k for rec in records for s in rec["stages_ms"] for k in s]))
     per_rank = [{k: round(med(rec["stages_ms"][r].get(k, 0.0) for rec in records), 4) for k in keys}
                 for r in range(W)]
     for r in range(W):
         for seg in SEGMENTS:
             per_rank[r][seg] = round(med(segment(rec["stages_ms"][r], seg) for rec in records), 4)
+        # the rank's whole step, the others' turns in its collectives included; `own`: without them
+        per_rank[r]["step"] = round(med(rec["step_ms"][r] for rec in records), 4)
+        per_rank[r]["own"] = round(med(rec["step_ms"][r] - rec["stages_ms"][r].get("collective", 0.0)
+                                       for rec in records), 4)
     bpp = records[0]["bytes_per_pair"]
     out: Dict[str, Any] = {
         "W": W, "batch_per_rank": b, "global_batch": W * b, "timed_steps": len(records),
         "per_rank_ms": per_rank,
         "pairs_projected": [med(rec["pairs_projected"][r] for rec in records) for r in range(W)],
         "pairs_rendered": [med(rec["pairs_rendered"][r] for rec in records) for r in range(W)],
-        "pair_matrix_last_step": records[-1]["pair_matrix"],  # [W][W] pairs from rank r to rank d
-        "bytes_matrix_last_step": [[c * records[-1]["bytes_per_pair"] for c in row] for row in records[-1]["pair_matrix"]],
         "bytes_per_pair": bpp,
         "bytes_sent": [med(rec["pairs_sent"][r] for rec in records) * bpp + (W > 1) * (W - 1) * COUNT_COLUMNS * 8
                        for r in range(W)],
@@ -547,6 +618,13 @@ def summarize(records: List[Dict[str, Any]], W: int, b: int) -> Dict[str, Any]:
                               for r in range(W)],
         "predicted": {},
     }
+    if W > 1:
+        coll = records[-1]["collectives"]
+        out["collectives_last_step"] = coll  # [W] {leaf they were called from: count}
+        out["collectives_and_host_syncs_modelled"] = list(collectives_and_reads(records[-1]))
+    if any(rec.get("comm_missing") for rec in records):
+        out["comm_missing"] = ("the render's meta['comm'] was not seen: pairs and bytes are 0, the exchange is "
+                               "latency only")
     # Step times: the MEAN over the timed steps (throughput is images over total time; the
     # batch's cameras, hence the rasterization load, change from step to step).
     out["compute_only_step_ms"] = statistics.mean(model_step(rec, None)["step_ms"] for rec in records)
@@ -587,68 +665,93 @@ def commit_fallback() -> None:
                 return
 
 
+def world_order(ws: List[int]) -> List[int]:
+    """W = 1 first (every speed-up divides by it), then W = 4 (the headline), the rest in a
+    seeded shuffle: clocks that settle over the run then do not favour whichever comes last."""
+    rest = [W for W in ws if W not in (1, 4)]
+    random.Random(int(os.environ.get("SCALING_ORDER_SEED", 0))).shuffle(rest)
+    return [W for W in ws if W == 1] + [W for W in ws if W == 4] + rest
+
+
 def main() -> None:
     from benchmarks.common import write_result
 
     commit_fallback()
     small = os.environ.get("SMALL", "0") == "1"
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = job_device()
     ws, batches = env_list("WS", "1,2,4,8"), env_list("BATCHES", "1,4")
     warmup, steps = int(os.environ.get("SCALING_WARMUP", 3)), int(os.environ.get("SCALING_STEPS", 20))
     limit = float(os.environ.get("TIME_LIMIT_S", 200))
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if device.type == "cuda":
+        from distsplat.render.gsplat_ext import ensure_gsplat_ops
+
+        print(f"gsplat ops: {ensure_gsplat_ops()}", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="scaling_gpu_"))
     t0 = time.perf_counter()
-    scene = build_scene(small, device)
-    setup_s = {"scene_s": round(time.perf_counter() - t0, 2)}
-    clock = Clock(device)
+    if os.environ.get("SCENE"):
+        data_dir, factor = os.environ["SCENE"], int(os.environ.get("DATA_FACTOR", 1))
+        describe = {"source": f"{data_dir} at --data_factor {factor} (a COLMAP capture, read by Trainer.setup)"}
+    else:
+        data_dir, factor = str(work / "scene"), 1
+        describe = write_garden_scene(Path(data_dir), small)
+    setup_s: Dict[str, float] = {"scene_s": round(time.perf_counter() - t0, 2)}
+    memo = SetupMemo()
+    job: Dict[str, Any] = {"data_dir": data_dir, "data_factor": factor, "batches": batches, "first_step": FIRST_STEP,
+                           "warmup": warmup, "steps": steps, "result_dir": str(work / "runs"), "memo": memo,
+                           "threads": max(1, min(2, os.cpu_count() or 1)),
+                           "check_plain": os.environ.get("SCALING_SELF_CHECK") == "1"}
     rows: List[Dict[str, Any]] = []
     truncated: List[str] = []
+    info: Dict[str, Any] = {}
     name = "scaling_gpu_small" if small else "scaling_gpu"
-    first_step = 3  # SH degree 3 from step 3 (sh_degree_interval 1): the steady-state payload
+    path = None
 
     def write() -> Path:
         add_speedups(rows)
-        return write_result(name, payload(scene, rows, device, warmup, steps, setup_s, truncated, small))
+        return write_result(name, payload(describe, rows, device, warmup, steps, setup_s, truncated, small, info))
 
-    # W = 1 first (every speed-up divides by it), the rest in a seeded shuffle: clocks that
-    # settle over the run then do not favour whichever configuration comes last.
-    configs = [(W, b) for W in ws for b in batches]
-    rest = [c for c in configs if c[0] != 1]
-    random.Random(int(os.environ.get("SCALING_ORDER_SEED", 0))).shuffle(rest)
-    path = None
-    for W, b in [c for c in configs if c[0] == 1] + rest:
+    for W in world_order(ws):
         if time.perf_counter() - T_START > limit:
-            truncated.append(f"W={W} batch={b}: skipped, past TIME_LIMIT_S={limit:g}")
+            truncated.append(f"W={W}: skipped, past TIME_LIMIT_S={limit:g}")
             continue
+        if W > 1 and not isinstance(job["memo"], str):  # the ranks read the memo from a file
+            if memo.scene is None:  # no W = 1 run filled it: one setup does
+                run_memo_setup(memo, job, device)
+            memo_path = work / "setup_memo.pt"
+            memo.save(memo_path)
+            job["memo"] = str(memo_path)
         t1 = time.perf_counter()
-        trainers = [virtual_rank_trainer(scene, W, r, b, device) for r in range(W)]
-        setup_s[f"W{W}_b{b}_ranks_s"] = round(time.perf_counter() - t1, 2)
-        t1 = time.perf_counter()
-        records = []
-        for i in range(warmup + steps):
-            rec = gpu_step(trainers, first_step + i, clock)
-            if i >= warmup:
-                records.append(rec)
-            if time.perf_counter() - T_START > limit and len(records) >= 1:
-                truncated.append(f"W={W} batch={b}: {len(records)} timed steps, past TIME_LIMIT_S")
-                break
-        del trainers
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if records:
+        ranks = run_world(W, job)
+        wall = round(time.perf_counter() - t1, 2)
+        if device.type == "cuda" and W == 1:
+            info["max_memory_allocated_GiB_W1"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            gc.collect()
+            torch.cuda.empty_cache()  # the W > 1 rank processes get the device's memory
+        setup_s[f"W{W}_s"] = wall
+        for i, b in enumerate(batches):
+            per_rank = [r[i] for r in ranks]
+            info.setdefault("gaussians", per_rank[0]["n_all"])
+            info.setdefault("ssim_impl", per_rank[0]["ssim_impl"])
+            info.setdefault("image", per_rank[0]["image"])
+            records = step_records(per_rank, b)
+            if not records:
+                continue
             row = summarize(records, W, b)
-            row["wall_s"] = round(time.perf_counter() - t1, 2)
-            if device.type == "cuda":
-                row["max_memory_allocated_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-                torch.cuda.reset_peak_memory_stats()
+            row["ranges_missing"] = sr.missing([s for r in per_rank for s in r["steps"]], sr.expected(W))
+            row["gaussians_per_rank"] = [r["gaussians"] for r in per_rank]
+            if job["check_plain"]:
+                row["same_as_plain_trainer"] = [r["same_as_plain_trainer"] for r in per_rank]
+            if device.type == "cuda" and not all(s["device_ops"] for r in per_rank for s in r["steps"]):
+                row["device_trace_missing"] = ("the profiler recorded no kernels in some rank's steps: those times "
+                                               "are the host's only")
+            row["wall_s_all_batches"] = wall
             rows.append(row)
-            path = write()
             p = row["predicted"]["ours"]["nvlink_h100"]
             print(f"W={W} b={b}: compute {row['compute_only_step_ms']:.1f} ms, NVLink step {p['step_ms']:.1f} ms"
-                  f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent, "
-                  f"{row['wall_s']:.1f} s", flush=True)
+                  f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent"
+                  + (f"; ranges missing: {', '.join(row['ranges_missing'])}" if row["ranges_missing"] else ""),
+                  flush=True)
+        path = write()
     path = write()
     by = {(r["W"], r["batch_per_rank"]): r for r in rows}
     parts = []
@@ -658,9 +761,26 @@ def main() -> None:
             parts.append(f"4-rank b={b}: ours {r4['predicted']['ours']['nvlink_h100']['speedup']:.2f}x NVLink / "
                          f"{r4['predicted']['ours']['pcie4']['speedup']:.2f}x PCIe4, gsplat "
                          f"{r4['predicted']['gsplat']['nvlink_h100']['speedup']:.2f}x NVLink")
-    print(f"scaling_gpu ({device.type}, {scene['n_all']} Gaussians, {scene['width']}x{scene['height']}): "
-          + ("; ".join(parts) or "no W=4 row") + f" (predicted from timed kernels) in "
-          f"{time.perf_counter() - T_START:.0f} s" + (f", TRUNCATED {truncated}" if truncated else "") + f" -> {path}")
+    missing = sorted({m for r in rows if r["W"] > 1 for m in r["ranges_missing"]})
+    print(f"scaling_gpu ({device.type}, {info.get('gaussians')} Gaussians, loss SSIM {info.get('ssim_impl')}): "
+          + ("; ".join(parts) or "no W=4 row") + " (predicted from the trainer's step, timed by range) in "
+          f"{time.perf_counter() - T_START:.0f} s" + (f", RANGES MISSING {missing}" if missing else "")
+          + (f", TRUNCATED {truncated}" if truncated else "") + f" -> {path}")
+
+
+def run_memo_setup(memo: SetupMemo, job: Dict[str, Any], device: torch.device) -> None:
+    """One Trainer.setup in this process, only to fill the memo (when no W = 1 run did)."""
+    from distsplat.distributed import init_distributed
+    from distsplat.train.trainer import Trainer
+
+    cfg = bench_config(job["data_dir"], job["data_factor"], job["batches"][0],
+                       str(Path(job["result_dir"]) / "memo"))
+    with memo.serving():
+        t = Trainer(cfg, init_distributed(device=device))
+        try:
+            t.setup()
+        finally:
+            t.cleanup()
 
 
 def side_by_side(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -684,29 +804,42 @@ def gsplat_version() -> Optional[str]:
         return None
 
 
-def payload(scene, rows, device, warmup, steps, setup_s, truncated, small) -> Dict[str, Any]:
+def payload(describe, rows, device, warmup, steps, setup_s, truncated, small, info) -> Dict[str, Any]:
+    cuda = device.type == "cuda"
     return {
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (dry run: torch backend)",
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run: torch backend)",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "small": small,
         "gsplat_version": gsplat_version(),
-        "env": {k: os.environ[k] for k in ("SMALL", "SMALL_SIZE", "WS", "BATCHES", "SCALING_WARMUP", "SCALING_STEPS", "SCALING_ORDER_SEED", "TIME_LIMIT_S",
-                                             "REPLICAS", "DISTSPLAT_DATA", "DISTSPLAT_GSPLAT_EXT") if k in os.environ},
-        "scene": scene["describe"],
+        "env": {k: os.environ[k] for k in ("SMALL", "SMALL_SIZE", "WS", "BATCHES", "SCALING_WARMUP", "SCALING_STEPS",
+                                             "SCALING_ORDER_SEED", "TIME_LIMIT_S", "REPLICAS", "SCENE", "DATA_FACTOR",
+                                             "SCALING_SELF_CHECK", "DISTSPLAT_DATA", "DISTSPLAT_GSPLAT_EXT")
+                if k in os.environ},
+        "scene": {**describe, "gaussians": info.get("gaussians", describe.get("gaussians")),
+                  "width": (info.get("image") or [describe.get("width")])[0],
+                  "height": (info.get("image") or [None, describe.get("height")])[1]},
+        "trainer": {"ssim_impl": info.get("ssim_impl"), "adam": "torch fused Adam" if cuda else "torch Adam (CPU)",
+                    "packed": True, "cache": "decoded, prewarmed", "first_timed_step": FIRST_STEP + warmup},
         "steps": {"warmup": warmup, "timed": steps},
         "setup_s": setup_s,
+        "memory": {k: v for k, v in info.items() if k.startswith("max_memory")},
         "elapsed_s": round(time.perf_counter() - T_START, 1),
         "truncated": truncated,
-        "timing": ("CUDA events around each stage of each virtual rank, the device synchronized before each "
-                   "segment (so a stage's time includes the host's kernel-launch gaps, as one rank alone on "
-                   "its GPU sees them, and no overlap between ranks)" if device.type == "cuda" else
-                   "perf_counter around each stage (CPU dry run; these numbers are not a GPU prediction)"),
+        "stages": [k for k in STAGES if any(k in s for r in rows for s in r["per_rank_ms"])],
+        "timing": ("Each rank's Trainer.train_step under torch.profiler, per range (benchmarks/step_ranges.py: a "
+                   "leaf's time is how much later the step completes because of it, host launch gaps included), "
+                   "the W ranks sharing one GPU and taking turns (a rank computes only while the others wait in a "
+                   "collective, its kernels done before it hands over): each rank's time as on a GPU of its own"
+                   if cuda else
+                   "Each rank's Trainer.train_step under torch.profiler, per range (host time: CPU dry run, torch "
+                   "backend; these numbers are not a GPU prediction)"),
         "model": {
             "step": "T(W) = max_r(A_r + C_r) + max_r(B_r) + X(W)",
             "segments": {k: list(v) for k, v in SEGMENTS.items()},
             "exchange": ("X = collectives * latency + host_syncs * host_sync (+ gsplat's extra host reads) + "
-                         "per direction max(busiest rank's bytes / link bandwidth, measured device copy of the "
-                         "busiest rank's received payload)"),
+                         "per direction the busiest rank's bytes / link bandwidth; ours: the collectives the "
+                         "ranks' steps made (the render's three, the divergence check's all-reduce) and a host "
+                         "sync for the counts and for each collective outside the render"),
             "speedup": ("W * T(1) / T(W) at a fixed per-rank batch (throughput, images/s); T = the mean over "
                         "the timed steps of each step's prediction"),
         },
@@ -720,29 +853,32 @@ def payload(scene, rows, device, warmup, steps, setup_s, truncated, small) -> Di
                             "costs, not that its runs reach it."),
         "assumptions": [
             "one GPU per rank, each rank as fast as the one GPU measured here running that rank alone",
-            "the device is synchronized before every segment, so a stage's time includes the host's launch "
-            "gaps and no CPU run-ahead: absolute step times are upper bounds; ratios between W are what the "
-            "speedup uses",
+            "the ranks take turns on the one device: a rank's ranges hold its own kernels and host work only; "
+            "the profiler's overhead (a few us per op on the host) is in every range, so absolute step times are "
+            "upper bounds for a host-bound step; ratios between W are what the speedup uses",
             "every collective is a synchronization point; no overlap of exchange and compute (pessimistic "
             "for gsplat and us alike)",
+            "the count exchange sits between project and pack; the model counts project and pack in one segment A "
+            "before the exchanges (what is lost: the slowest rank's project and its pack may be different ranks)",
             "the scene is SfM-initialised (test_garden replicated), not trained: a trained scene's Gaussians "
             "are larger/more opaque in places and unevenly dense, which changes pairs per camera and the "
             "load balance between contiguous chunks",
             "densification: statistics every step; grow/prune/rebalance steps are not modelled (every 100 "
             "steps in gsplat's default schedule; gsplat's distributed mode never rebalances)",
             "gsplat's distributed mode: same projection and rasterization kernels per rank as ours (both use "
-            "gsplat 1.5.3's CUDA kernels), so the same measured stage times; only its exchange differs "
-            "(collectives, bytes, host reads per `gsplat`); its W = 1 baseline runs without the distributed "
-            "path, so without our packing stage (at W > 1 its concatenations and id offsets are taken to cost "
-            "what our packing costs)",
-            "data loading, evaluation and logging are off the step (prefetched images)",
+            "gsplat 1.5.3's CUDA kernels), the same loss, optimizer and densification times (those of our "
+            "trainer's step, divergence check included), so the same measured stage times; only its exchange "
+            "differs (collectives, bytes, host reads per `gsplat`); its W = 1 baseline runs without the "
+            "distributed path, so without our packing stage (at W > 1 its concatenations and id offsets are "
+            "taken to cost what our packing costs)",
+            "images are decoded in RAM before timing; their per-step copy to the device is in train/batch",
             "links: " + "; ".join(f"{k}: {v['source']}" for k, v in LINKS.items()),
         ],
         "largest_uncertainty": ("The links' achieved all-to-all bandwidth and latency are stated, not measured "
                                 "(no multi-GPU machine): at batch 4 the exchange is a small share on NVLink but "
-                                "not on PCIe. Second: timing each rank alone, synchronized, on one GPU ignores "
-                                "NCCL kernels competing for SMs with compute and stragglers between GPUs, and "
-                                "the scene is SfM-initialised rather than trained."),
+                                "not on PCIe. Second: timing each rank alone on one GPU ignores NCCL kernels "
+                                "competing for SMs with compute and stragglers between GPUs, and the scene is "
+                                "SfM-initialised rather than trained."),
         "results": rows,
     }
 

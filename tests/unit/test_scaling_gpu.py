@@ -1,5 +1,6 @@
 """scaling_gpu.py's model arithmetic and camera construction (CPU only, no timing): the
-GPU-timed prediction is only as good as these few formulas."""
+GPU-timed prediction is only as good as these few formulas. Its runs of the trainer's step
+are checked in test_bench_trainer_step.py."""
 
 import math
 
@@ -11,10 +12,9 @@ from benchmarks import scaling_gpu as sg
 LINK = {"bandwidth_Bps": 1e9, "latency_s": 1e-5, "host_sync_s": 2e-5}
 
 
-def _rec(stages, sent, received, bpp=52, b=1):
-    W = len(stages)
+def _rec(stages, sent, received, bpp=52, b=1, collectives=None):
     return {"stages_ms": stages, "pairs_sent": sent, "pairs_received": received, "bytes_per_pair": bpp,
-            "pair_matrix": [[0] * W for _ in range(W)], "cameras_per_rank": b}
+            "cameras_per_rank": b, **({"collectives": collectives} if collectives is not None else {})}
 
 
 def test_exchange_is_zero_on_one_rank_and_adds_latency_syncs_and_the_busiest_ranks_bytes():
@@ -28,24 +28,55 @@ def test_exchange_is_zero_on_one_rank_and_adds_latency_syncs_and_the_busiest_ran
     assert slow == pytest.approx(want - 1e3 * 250 * 52 / 1e9 + 5.0, rel=1e-12)
 
 
+# Leaves of the trainer's step (benchmarks/step_ranges.py) of two ranks: A 4 / 5, B 10 / 7, C 4 / 5 ms;
+# the exchanges' own leaves and the collectives are not compute.
+S0 = {"train/batch": 1, "distsplat/project": 2, "distsplat/count_exchange": 9, "distsplat/pack": 1,
+      "distsplat/payload_exchange": 9, "distsplat/rasterize": 5, "train/loss": 1,
+      "train/backward:before_exchange": 4, "distsplat/payload_exchange_backward": 9,
+      "train/backward:after_exchange": 2, "train/divergence": 0.5, "train/optimizer": 0.5, "train/densify": 1,
+      "collective": 50}
+S1 = {"train/batch": 1, "distsplat/project": 3, "distsplat/pack": 1, "distsplat/rasterize": 3, "train/loss": 1,
+      "train/backward:before_exchange": 3, "train/backward:after_exchange": 3, "train/divergence": 0.5,
+      "train/optimizer": 0.5, "train/densify": 1, "collective": 70}
+
+
+def test_segments_are_the_trainers_ranges_between_its_synchronization_points():
+    assert (sg.segment(S0, "A"), sg.segment(S0, "B"), sg.segment(S0, "C")) == (4, 10, 4)
+    assert (sg.segment(S1, "A"), sg.segment(S1, "B"), sg.segment(S1, "C")) == (5, 7, 5)
+    # W = 1: no exchange, the whole backward is B; render time outside its ranges is A
+    one = {"train/batch": 1, "train/render:other": 2, "train/backward": 6, "train/densify": 1}
+    assert (sg.segment(one, "A"), sg.segment(one, "B"), sg.segment(one, "C")) == (3, 6, 1)
+
+
 def test_model_step_is_slowest_a_plus_c_plus_slowest_b_plus_exchange():
-    s0 = {"activate": 1, "project": 2, "pack": 1, "raster_fwd": 5, "loss_fwd": 1, "raster_bwd": 4,
-          "project_bwd": 2, "adam": 1, "densify": 1}  # A 4, B 10, C 4
-    s1 = {"activate": 1, "project": 3, "pack": 1, "raster_fwd": 3, "loss_fwd": 1, "raster_bwd": 3,
-          "project_bwd": 3, "adam": 1, "densify": 1}  # A 5, B 7, C 5
-    rec = _rec([s0, s1], [1000, 500], [500, 1000])
+    rec = _rec([S0, S1], [1000, 500], [500, 1000])
     assert sg.model_step(rec, None)["step_ms"] == pytest.approx(10 + 10)
     ours = sg.model_step(rec, LINK, "ours")
+    # not recorded: the render's 3 collectives and 1 host sync
     x = sg.exchange_ms([1000, 500], [500, 1000], 2, 52, 52, LINK, 3, 1, extra_fixed_bytes=sg.COUNT_COLUMNS * 8)
     assert ours["exchange_ms"] == pytest.approx(x) and ours["step_ms"] == pytest.approx(20 + x)
+    # recorded: the render's three and the divergence check's all-reduce (read on the host)
+    coll = {"distsplat/count_exchange": 1, "distsplat/payload_exchange": 1,
+            "distsplat/payload_exchange_backward": 1, "train/divergence": 1}
+    ours4 = sg.model_step(_rec([S0, S1], [1000, 500], [500, 1000], collectives=[coll, coll]), LINK, "ours")
+    x4 = sg.exchange_ms([1000, 500], [500, 1000], 2, 52, 52, LINK, 4, 2, extra_fixed_bytes=sg.COUNT_COLUMNS * 8)
+    assert ours4["exchange_ms"] == pytest.approx(x4)
     gs = sg.model_step(rec, LINK, "gsplat")
     # gsplat: 7 collectives, 64 B forward + 40 B back per pair, 2 cameras' 100 B... + 12 host reads
     xg = (1e3 * (7 * 1e-5 + 3 * 2e-5 + 12 * sg.HOST_READ_S)
           + 1e3 * (1000 * 64 + 1 * (100 + 8)) / 1e9 + 1e3 * 1000 * 40 / 1e9)
     assert gs["exchange_ms"] == pytest.approx(xg, rel=1e-12)
-    # gsplat on one GPU has no packing stage: A + C of s0 without its 1 ms of packing, and B
-    one = sg.model_step(_rec([s0], [0], [0]), LINK, "gsplat")
+    # gsplat on one GPU has no packing stage: A + C of S0 without its 1 ms of packing, and B
+    one = sg.model_step(_rec([S0], [0], [0]), LINK, "gsplat")
     assert (one["step_ms"], one["exchange_ms"]) == (pytest.approx(3 + 4 + 10), 0.0)
+
+
+def test_collectives_of_a_render_without_its_ranges_are_still_exchanges():
+    """Before the render marks its ranges, its collectives are called from train/render:other
+    and train/backward: they are the exchanges, not host reads."""
+    coll = {"train/render:other": 2, "train/backward": 1, "train/divergence": 1}
+    assert sg.collectives_and_reads({"collectives": [coll]}) == (4, 2)
+    assert sg.collectives_and_reads({"collectives": []}) == (3, 1)
 
 
 def test_speedups_are_w_times_t1_over_tw_per_batch():
