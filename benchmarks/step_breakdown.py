@@ -5,10 +5,11 @@ host reads of tensor values and the bytes each phase moves.
 Instrumented from the outside: no library code changes. The benchmark wraps, for the
 duration of the timed steps,
     data              the image loader's next()                       (data wait)
-    project           distributed.render._prepare: validate, project, pack, count
+    project           distributed.render._prepare: validate, project
     count_exchange    distributed.exchange.exchange_counts (1 collective + 1 host read)
+    pack              distributed.render._pack: the payload's one cat (W > 1)
     payload_exchange  distributed.exchange.all_to_all, forward
-    rasterize         distributed.render._render_own: unpack, isect, rasterize own cameras
+    rasterize         distributed.render._unpack + _rasterize_own: isect, rasterize own cameras
     loss              train.trainer.photometric_loss
     backward          Tensor.backward, including the reverse all-to-all (its time is
                       also reported alone as backward.reverse_exchange)
@@ -54,7 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.procs import make_config, prewarm, run_ranks, scene_spec  # noqa: E402
 
-PHASES = ("data", "project", "count_exchange", "payload_exchange", "rasterize", "loss",
+PHASES = ("data", "project", "count_exchange", "pack", "payload_exchange", "rasterize", "loss",
           "backward", "optimizer", "densification", "other")
 COLLECTIVES = ("all_to_all_single", "all_to_all", "all_gather", "all_gather_into_tensor",
                "all_gather_object", "all_reduce", "broadcast", "barrier", "reduce_scatter_tensor")
@@ -79,8 +80,10 @@ class Recorder:
         wrap = self._patch
         wrap(drender, "_prepare", lambda f: self._timed("project", f))
         wrap(ex, "exchange_counts", lambda f: self._timed("count_exchange", f))
+        wrap(drender, "_pack", lambda f: self._timed("pack", f))
         wrap(ex, "all_to_all", lambda f: self._timed("payload_exchange", f))
-        wrap(drender, "_render_own", lambda f: self._timed("rasterize", f))
+        wrap(drender, "_unpack", lambda f: self._timed("rasterize", f))
+        wrap(drender, "_rasterize_own", lambda f: self._timed("rasterize", f))
         wrap(tmod, "photometric_loss", lambda f: self._timed("loss", f))
         wrap(torch.Tensor, "backward", lambda f: self._timed("backward", f))
         for opt in trainer.optimizers.values():
