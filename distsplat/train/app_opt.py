@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributed import all_reduce_sum
+from ..render.gather import gather_rows
 from .gaussians import adam_step, rgb_to_sh
 
 FEATURE_DIM = 32  # gsplat's feature_dim with --app_opt
@@ -114,7 +115,7 @@ class Appearance:
             if table is None:
                 embeds = features.new_zeros(len(features), self.embed_dim)
             else:
-                embeds = table[cams].to(features.dtype)  # [M, D]
+                embeds = gather_rows(table, cams).to(features.dtype)  # [M, D]; backward: index_add_, no sort
             return self.colors(features, dirs, embeds, sh_degree)
 
         return colors
