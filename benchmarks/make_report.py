@@ -16,8 +16,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 REPORT = HERE / "RESULTS.md"
 PLOT = RESULTS / "scaling.png"
-PHASES = ("data", "project", "count_exchange", "payload_exchange", "rasterize", "loss",
-          "backward", "optimizer", "densification", "other")
+PHASES = ("data", "project", "count_exchange", "pack", "payload_exchange", "rasterize", "loss",
+          "backward", "optimizer", "densification", "other")  # "pack": since the lean step (absent before)
 
 
 # What each result measures: the files whose change after the result's recorded commit
@@ -36,6 +36,8 @@ MEASURES: Dict[str, List[str]] = {
     "scaling_model": STEP + ["benchmarks/scaling_model.py", "benchmarks/procs.py"],
     "scaling_gpu": STEP + ["distsplat/profiling.py", "benchmarks/scaling_gpu.py", "benchmarks/scaling_model.py",
                            "benchmarks/step_ranges.py", "benchmarks/procs.py"],
+    "step_ops_cpu": STEP + ["distsplat/profiling.py", "benchmarks/step_ops.py", "benchmarks/procs.py"],
+    "step_ops_cpu_before": STEP + ["benchmarks/step_ops.py", "benchmarks/procs.py"],  # the step at 5da5cbf
     "vs_gsplat_cpu": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
     "vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
     "step_vs_gsplat_cuda": ["distsplat", "benchmarks/bench_step_vs_gsplat.py", "benchmarks/step_ranges.py",
@@ -158,7 +160,7 @@ def section_breakdown(d, device: str) -> str:
     for r in d["results"]:
         ph = r["phase_ms_max_rank"]
         rows.append([r["W"], f"{r['plain_step_ms_median_max_rank']:.0f}"]
-                    + [f"{ph[p]:.1f}" for p in PHASES]
+                    + [f"{ph[p]:.1f}" if p in ph else "-" for p in PHASES]
                     + [f"{r['reverse_exchange_ms_max_rank']:.1f}", r["collectives_per_step"],
                        r["host_reads_per_step"], f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f}"])
     scene = d["scene"]
@@ -174,6 +176,37 @@ def section_breakdown(d, device: str) -> str:
             "in GPU runs (not a device sync); reads in `distsplat.render.torch_backend` belong to the CPU "
             "backend (GPU runs use gsplat's kernels); `distsplat.distributed.exchange` holds the step's "
             "one designed host sync.\n\n" + provenance(d) + "\n")
+
+
+def section_step_ops(after, before) -> str:
+    """What a training step dispatches (step_ops.py), the lean step against the step before it."""
+    if after is None:
+        return "## What a training step dispatches\n\nNo `step_ops_cpu.json` yet: `python benchmarks/step_ops.py`.\n"
+    rows = []
+    for label, d in (("before", before), ("now", after)):
+        if d is None:
+            continue
+        for scene, res in d["results"].items():
+            for W, w in res["by_W"].items():
+                r0 = w["ranks"]
+                out_ops = lambda ph: max(sum(v for k, v in r["ops"][ph].items() if k != "torch_backend") for r in r0)  # noqa: E731
+                sorts = max(sum(v for k, v in r["sorts"].items() if k != "torch_backend") for r in r0)
+                f64 = max(sum(v for k, v in r["float64"].items() if k != "torch_backend") for r in r0)
+                reads = max(sum(v for k, v in r["host_reads"].items() if "torch_backend.py" not in k) for r in r0)
+                added = res.get("added_by_distribution", {}).get(f"W{W}_minus_W1")
+                plus = "" if added is None else f"+{added['forward_ops']['total'] + added['backward_ops']['total']:g}"
+                rows.append([label, scene, W, f"{out_ops('forward'):g}", f"{out_ops('backward'):g}",
+                             f"{out_ops('update'):g}", plus, f"{sorts:g}", f"{f64:g}", f"{reads:g}",
+                             f"{w['step_ms_median_max_rank']:.0f}"])
+    return ("## What a training step dispatches (`step_ops.py`)" + stale_mark(after) + "\n\n"
+            "Aten ops of one `Trainer.train_step` outside the CPU-only torch backend (the projection and "
+            "rasterizer a GPU runs as a few gsplat kernels), per phase, on the busiest rank; `added` is what "
+            "distribution adds to forward + backward against W = 1 with the same cameras per rank; sorts, "
+            "float64 ops and host reads of tensor values outside the torch backend; the CPU step time "
+            "(slowest rank's median, ms; the CPU backend renders, so it says nothing about a GPU). `before` "
+            "is the step at 5da5cbf (`step_ops_cpu_before.json`).\n\n"
+            + md_table(["", "scene", "W", "forward", "backward", "update", "added", "sorts", "float64",
+                        "host reads", "step ms"], rows) + "\n\n" + provenance(after) + "\n")
 
 
 def section_model(d) -> str:
@@ -574,6 +607,7 @@ def main() -> int:
     parts += [section_breakdown(bd_gpu, "cuda") if bd_gpu else
               "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/step_breakdown.py` "
               "on a CUDA machine runs W = 1 on the GPU).\n"]
+    parts += [section_step_ops(load("step_ops_cpu"), load("step_ops_cpu_before"))]
     parts += [section_gsplat(vs_cpu, vs_gpu)] + [s for s in [section_capture_gpu(), section_gpu_model(gpu_model)] if s]
     parts += [section_model(model)]
     if png is not None:
