@@ -202,7 +202,8 @@ def section_step_ops(after, before) -> str:
             "Aten ops of one `Trainer.train_step` outside the CPU-only torch backend (the projection and "
             "rasterizer a GPU runs as a few gsplat kernels), per phase, on the busiest rank; `added` is what "
             "distribution adds to forward + backward against W = 1 with the same cameras per rank; sorts, "
-            "float64 ops and host reads of tensor values outside the torch backend; the CPU step time "
+            "float64 ops and host reads of tensor values outside the torch backend (the image loader's numpy "
+            "view of its own pinned host buffer, a third of the steps here, is one: no device is read); the CPU step time "
             "(slowest rank's median, ms; the CPU backend renders, so it says nothing about a GPU). `before` "
             "is the step at 5da5cbf (`step_ops_cpu_before.json`).\n\n"
             + md_table(["", "scene", "W", "forward", "backward", "update", "added", "sorts", "float64",
