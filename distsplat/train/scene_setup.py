@@ -144,3 +144,21 @@ def camera_digest(scene: Scene, train: np.ndarray, batcher_state: dict) -> int:
         h.update(a.tobytes())
     h.update(repr(sorted((k, v) for k, v in batcher_state.items() if k not in ("epoch", "step"))).encode())
     return int.from_bytes(h.digest(), "little") & (2**62 - 1)
+
+
+def agree_cameras(scene: Scene, train: np.ndarray, batcher_state: dict, device: torch.device) -> None:
+    """Every rank must draw the same batch cameras, and the trainer's renders do not compare
+    them per step: one gather of `camera_digest` at the start of training. Ranks that differ
+    raise the same ValueError on every rank, naming which ranks agree."""
+    from ..distributed import gather_counts
+
+    digests = gather_counts(camera_digest(scene, train, batcher_state), device)
+    if len(set(digests)) > 1:
+        groups: dict = {}
+        for r, d in enumerate(digests):
+            groups.setdefault(d, []).append(r)
+        e = ValueError(f"the ranks loaded different cameras (ranks agreeing with each other: "
+                       f"{sorted(groups.values())}): every rank must read the same scene (--data_dir, "
+                       "--data_factor, --test_every) with the same --batch_size and --seed")
+        e.agreed = True  # the same message on every rank (cli.main prints it once)
+        raise e

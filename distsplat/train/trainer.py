@@ -57,7 +57,7 @@ from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
 from ..data.heap import TRIM_FROM, trim_heap
 from ..profiling import StepRanges
-from .scene_setup import camera_digest, checks_own_images, load_scene, scene_scale
+from .scene_setup import agree_cameras, checks_own_images, load_scene, scene_scale
 from .size_groups import group_cameras, group_images, merge_meta, size_groups
 from .node_data import check_own_images
 from ..distributed.nodes import node_name
@@ -248,7 +248,8 @@ class Trainer:
     # ------------------------------------------------------------------ train
     def train(self) -> Dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
-        self._agree_cameras()
+        # The renders do not compare the ranks' cameras every step: once here (one gather)
+        agree_cameras(self.scene, self.train_np, self.batcher.state_dict(), self.device)
         self._open_outputs()
         eval_steps = {s for s in cfg.eval_steps if s > 0}
         save_steps = {s for s in cfg.save_steps if s > 0}
@@ -304,21 +305,6 @@ class Trainer:
         self.saves.report_end(self.metrics)  # which saves a full disk skipped
         return self.metrics
 
-    def _agree_cameras(self) -> None:
-        """Every rank must draw the same batch cameras (the renders do not compare them per
-        step): one gather of a digest of the scene's cameras and the batcher, once per run."""
-        digest = camera_digest(self.scene, self.train_idx.numpy(), self.batcher.state_dict())
-        digests = gather_counts(digest, self.device)
-        if len(set(digests)) > 1:
-            groups: Dict[int, List[int]] = {}
-            for r, d in enumerate(digests):
-                groups.setdefault(d, []).append(r)
-            e = ValueError(f"the ranks loaded different cameras (ranks agreeing with each other: "
-                           f"{sorted(groups.values())}): every rank must read the same scene (--data_dir, "
-                           "--data_factor, --test_every) with the same --batch_size and --seed")
-            e.agreed = True  # the same message on every rank
-            raise e
-
     def _open_outputs(self) -> None:
         """The first write into the result dir: only once setup succeeded on every rank."""
         self.tb = TensorBoard(self.result_dir, self.ctx)
@@ -328,7 +314,7 @@ class Trainer:
             name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
             write_json(self.result_dir / name, self.cfg.to_dict())
 
-    def train_step(self, step: int) -> Optional[Tensor]:
+    def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
         self.ranges("train/batch")
         batch = self._batch(step)

@@ -316,3 +316,27 @@ def pair_color_cases(ctx: DistContext, names: List[str], seed: int) -> Dict[str,
                      "grads": [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params],
                      "comm": meta["comm"]}
     return out
+
+
+# ------------------------------------------------------------- cameras agreed once per run
+
+
+def agree_cameras_case(ctx: DistContext, differ_on: int) -> Dict[str, Any]:
+    """The trainer's once-per-run camera agreement (train/scene_setup.agree_cameras) with the
+    last rank's poses one ulp off when `differ_on` says so (-1: nobody differs)."""
+    import types
+
+    import numpy as np
+
+    from distsplat.train.scene_setup import agree_cameras
+
+    poses = np.tile(np.eye(4)[None], (3, 1, 1))
+    if ctx.rank == differ_on:
+        poses[1, 0, 3] = np.nextafter(0.0, 1.0)
+    scene = types.SimpleNamespace(camtoworlds=poses, Ks=np.ones((3, 3, 3)), widths=np.full(3, 8),
+                                  heights=np.full(3, 6))
+    try:
+        agree_cameras(scene, np.arange(3), {"num_cameras": 3, "world_size": ctx.world_size, "seed": 0}, ctx.device)
+        return {"raised": None}
+    except ValueError as e:
+        return {"raised": str(e), "agreed": getattr(e, "agreed", False)}

@@ -76,3 +76,16 @@ def test_initial_means_do_not_alias_the_points_given():
     with torch.no_grad():
         params["means"].add_(1.0)
     assert torch.equal(points, before)
+
+
+def test_check_finite_params_names_the_bad_parameters_and_their_source():
+    import torch
+
+    from distsplat.train.gaussians import check_finite_params
+
+    params = {"means": torch.zeros(4, 3), "scales": torch.zeros(4, 3), "opacities": torch.zeros(4)}
+    check_finite_params(params, "the initial Gaussians")
+    params["scales"][2, 1] = float("inf")
+    params["opacities"][0] = float("nan")
+    with pytest.raises(ValueError, match=r"--ckpt ck holds NaN or Inf values in scales, opacities"):
+        check_finite_params(params, "--ckpt ck")
