@@ -55,6 +55,7 @@ from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
 from .faults import DivergenceGuard, SaveGuard
+from .balance import WorkMeter
 from ..data.heap import TRIM_FROM, trim_heap
 from ..profiling import StepRanges
 from .scene_setup import agree_cameras, checks_own_images, load_scene, scene_scale
@@ -88,6 +89,7 @@ class Trainer:
         self.saves = SaveGuard(ctx, self.device, self.result_dir / "ckpts")  # a full disk skips a save
         self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps)  # NaN/Inf steps are skipped
         self.ranges = StepRanges()  # named parts of train_step for torch.profiler (benchmarks time them)
+        self.work = WorkMeter(ctx, self.device)  # how evenly the ranks share each step's pairs (balance.py)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -283,11 +285,14 @@ class Trainer:
                 self.metrics["loss"] = (loss_sum / loss_n).item()  # one sync; nan when every step was skipped
                 loss_sum, loss_n = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
                 self.metrics["steps_per_s"] = (done - self.start_step) / (time.perf_counter() - t_start)
+                self.metrics.update(self.work.summary())  # one all-reduce per log interval
                 if progress is not None:
                     progress.set_postfix(loss=f"{self.metrics['loss']:.4f}", GS=self.n_all)
                     if progress.disable:
-                        log.info("step %d/%d: loss %.4f, %.2f steps/s, %d Gaussians", done,
-                                 cfg.max_steps, self.metrics["loss"], self.metrics["steps_per_s"], self.n_all)
+                        log.info("step %d/%d: loss %.4f, %.2f steps/s, %d Gaussians; work max/mean: projected "
+                                 "%.2f, rasterized %.2f", done, cfg.max_steps, self.metrics["loss"],
+                                 self.metrics["steps_per_s"], self.n_all, self.metrics["projected_max_over_mean"],
+                                 self.metrics["rasterized_max_over_mean"])
             if progress is not None:
                 progress.update(1)
             if done % cfg.tb_every == 0 and "loss" in self.metrics:
@@ -355,6 +360,7 @@ class Trainer:
             loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda, self.ssim_impl) / C
             if self.depth is not None:  # expected depth in the 4th channel
                 loss = loss + cfg.depth_lambda * self.depth.loss(colors[..., 3:], group_cameras(images, grp)) / C
+        self.work.record(metas)  # this rank's pairs, from the count exchange (host ints)
         meta = merge_meta(metas, groups, C)  # what densification reads, as of one render
         if cfg.opacity_reg > 0:
             loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
@@ -481,6 +487,8 @@ class Trainer:
             write_json(self.result_dir / "stats" / f"train_step{step:04d}_rank{ctx.rank}.json", {
                 "mem": memory_gb(self.device), "ellipse_time": elapsed,
                 "num_GS": len(self.params["means"]), "step": step,
+                **{k: self.metrics[k] for k in ("projected_max_over_mean", "rasterized_max_over_mean",
+                                                "pairs_projected", "pairs_rasterized") if k in self.metrics},
             })
         if ctx.is_main:
             stats = report_eval(self.result_dir, step, stats, per_image, names, self.lpips_skipped, self.tb,

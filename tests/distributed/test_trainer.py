@@ -266,3 +266,26 @@ def test_cli_end_to_end_two_ranks(tmp_path):
     means = torch.cat([torch.load(out / "ckpts" / "step_000120" / s["file"])["params"]["means"]
                        for s in meta["shards"]])
     np.testing.assert_array_equal(np.stack([v["x"], v["y"], v["z"]], 1), means.numpy())
+
+
+def test_work_imbalance_is_reported_from_the_ranks_pairs(run_workers, tmp_path):
+    """balance.py: the log interval's median over steps of max/mean over ranks of the pairs
+    each rank projected and rasterized, recomputed here from every rank's own renders."""
+    from distsplat.train.config import SyntheticConfig
+
+    # The tabletop scene at a small size: cameras see different parts of it, so the ranks' pairs differ
+    cfg = tiny_config(str(tmp_path / "w2"), max_steps=20, log_every=10, eval_steps=[20],
+                      synthetic=SyntheticConfig(kind="tabletop", num_cameras=12, width=48, height=36, seed=1))
+    ranks = run_workers("trainer_workers:train_work_meter", 2, cfg)
+    last = slice(10, 20)  # the last log interval
+    for key, field in (("projected_max_over_mean", "pairs_projected"), ("rasterized_max_over_mean", "pairs_rendered")):
+        per_rank = np.array([[c[field] for c in r["comms"][last]] for r in ranks], dtype=float)  # [W, K]
+        assert per_rank.shape == (2, 10) and (per_rank > 0).all()
+        want = float(np.median(per_rank.max(0) / per_rank.mean(0)))
+        for r in ranks:
+            assert r["metrics"][key] == pytest.approx(want, rel=1e-12), key
+        assert 1.0 <= want <= 2.0
+    assert ranks[0]["metrics"]["pairs_projected"] == pytest.approx(np.mean([c["pairs_projected"] for c in ranks[0]["comms"][last]]))
+    assert ranks[0]["metrics"]["projected_max_over_mean"] > 1.0 and ranks[0]["metrics"]["rasterized_max_over_mean"] > 1.0
+    stats = json.loads((tmp_path / "w2" / "stats" / "train_step0020_rank1.json").read_text())
+    assert stats["rasterized_max_over_mean"] == ranks[1]["metrics"]["rasterized_max_over_mean"]

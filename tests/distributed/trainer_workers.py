@@ -275,3 +275,26 @@ def mcmc_config(result_dir: str, cap: int) -> Config:
         result_dir, max_steps=40, opacity_reg=0.01, scale_reg=0.01, init_opa=0.5, init_scale=0.1,
         strategy=MCMCStrategy(cap_max=cap, refine_start_iter=5, refine_every=5, refine_stop_iter=1000),
     )
+
+
+def train_work_meter(ctx, cfg: Config) -> Dict[str, Any]:
+    """Trains, recording every render's meta["comm"] on this rank (one render per step on the
+    tiny scene): the test recomputes the work imbalance from them."""
+    import distsplat.train.trainer as trainer_mod
+
+    original, comms = trainer_mod.distributed_rasterize, []
+
+    def recording(*args, **kwargs):
+        out = original(*args, **kwargs)
+        comms.append(dict(out[2]["comm"]))
+        return out
+
+    trainer_mod.distributed_rasterize = recording
+    trainer = Trainer(copy.deepcopy(cfg), ctx)
+    try:
+        trainer.setup()
+        metrics = trainer.train()
+    finally:
+        trainer_mod.distributed_rasterize = original
+        trainer.cleanup()
+    return {"metrics": metrics, "comms": comms}
