@@ -53,7 +53,7 @@ if not THERMOS.is_dir():
 CRASHERS = HERE / "crashers" / "colmap_model"
 FILES = ("cameras.bin", "images.bin", "points3D.bin")
 CASE_SECONDS = 20  # a case running longer is a hang (an escape)
-MEMORY_LIMIT = 4 << 30  # address space: an absurd allocation is a MemoryError (an escape), not a swapped machine
+MEMORY_LIMIT = 4 << 30  # address space of main()'s process: an absurd allocation is a MemoryError (an escape)
 
 Field = Tuple[int, str, str]  # (byte offset, struct code, name)
 
@@ -108,7 +108,7 @@ SPECIAL = {
           -1.0, 1e12, -1e12, 1e20],
     "Q": [0, 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**40, 10**6, 10**9],
     "q": [0, -1, 2**63 - 1, -(2**63), 2**31],
-    "i": [0, -1, 2**31 - 1, -(2**31), 1, 2, 7, 11, 12, 1000],
+    "i": [0, -1, 2**31 - 1, -(2**31), 1, 2, 3, 4, 5, 7, 8, 11, 12, 1000],  # 0-11: the camera model ids too
     "B": [0, 255, 128],
 }
 RANGE = {"d": None, "Q": (0, 2**64 - 1), "q": (-(2**63), 2**63 - 1), "i": (-(2**31), 2**31 - 1), "B": (0, 255)}
@@ -266,7 +266,6 @@ def _scene_problem(scene) -> Optional[str]:
 def run_cases(data: Path, cases: int, seed: int, factor: int = 2, first: int = 0, progress: bool = False,
               specs: Optional[List[List[list]]] = None) -> Dict:
     """Runs cases first .. first + cases - 1 of `seed` (or the given `specs`); a summary."""
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, resource.getrlimit(resource.RLIMIT_AS)[1]))
     scratch = Path(tempfile.mkdtemp(prefix="colmap_mutations_"))
     try:
         cap = Capture(Path(data), scratch, factor)
@@ -305,6 +304,7 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)  # the loader's warnings per case drown the progress
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, resource.getrlimit(resource.RLIMIT_AS)[1]))
     summary = run_cases(args.data, args.cases, args.seed, args.factor, args.first, progress=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "escapes"}), flush=True)
     for e in summary["escapes"]:
