@@ -59,12 +59,17 @@ def free_port() -> int:
 
 def torchrun_nodes(args: Sequence[str], nnodes: int = 2, nproc: int = 2, timeout: float = 240,
                    collective_timeout_s: float = 60, cwds: Optional[Sequence[Path]] = None,
-                   extra_env: Optional[Mapping[str, str]] = None) -> list:
+                   extra_env: Optional[Mapping[str, str]] = None,
+                   node_args: Optional[Sequence[Sequence[str]]] = None,
+                   prefixes: Optional[Sequence[Sequence[str]]] = None) -> list:
     """`nnodes` torchrun agents on this machine, as on `nnodes` machines: `--nnodes N
     --node_rank i --nproc_per_node nproc`, a static rendezvous on 127.0.0.1 (node 0's agent
     hosts the store). Each agent runs in `cwds[i]` (default: the repo), so a relative path
-    is a different folder on each "node". Returns one CompletedProcess per node; past
-    `timeout` every agent and its ranks are killed and TimeoutExpired raised."""
+    is a different folder on each "node"; `node_args[i]` are appended to node i's trainer
+    arguments (a launch script that builds a flag per node), `prefixes[i]` put before its
+    command (e.g. `unshare --mount ...`: a node with its own view of a folder). Returns one
+    CompletedProcess per node; past `timeout` every agent and its ranks are killed and
+    TimeoutExpired raised."""
     import tempfile
     import time
 
@@ -73,9 +78,10 @@ def torchrun_nodes(args: Sequence[str], nnodes: int = 2, nproc: int = 2, timeout
     procs, logs = [], []
     try:
         for node in range(nnodes):
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node}",
+            cmd = [*(prefixes[node] if prefixes is not None else ()),
+                   sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node}",
                    f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port}",
-                   str(TRAINER), *args]
+                   str(TRAINER), *args, *(node_args[node] if node_args is not None else ())]
             # Files, not pipes: an agent blocked on a full pipe would stall the other's collectives.
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             logs.append((out, err))
