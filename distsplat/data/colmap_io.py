@@ -10,7 +10,7 @@ naming the file, the record and the value, never an exception further down the l
 (`colmap.py`, the normalisation, the undistortion plan): camera sizes and parameters
 (`check_camera`), image poses (`check_poses`), point coordinates, colours and track
 lengths (`check_points`, the readers). The limits are far past any real capture and
-within what the rest of the load computes in float32 and float64 (LIMITS below).
+within what the rest of the load computes in float32 and float64 (the limits below).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ MAX_SIDE = 1 << 20  # pixels, a camera's width or height: 1 .. 1048576
 FOCAL_RANGE = (1e-3, 1e3)  # focal length / the camera's larger side: fields of view of 0.06 to 179.9 degrees
 CENTRE_RANGE = 10.0  # the principal point lies within 10 widths (heights) of the image
 COORD_LIMIT = 1e10  # |coordinate| of a point or a camera translation: past any real model (the Earth is
-#                     1.3e7 m across), and the normalised scene stays within float32
+#                     1.3e7 m across), and far inside float32
 QNORM_RANGE = (1e-3, 1e3)  # norm of an image's rotation quaternion: COLMAP writes unit quaternions
 MAX_ID = 2**32 - 1  # COLMAP's camera and image ids are 32-bit unsigned
 
