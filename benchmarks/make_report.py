@@ -64,6 +64,7 @@ MEASURES: Dict[str, List[str]] = {
     "extras_effects": ["distsplat", "benchmarks/extras_effects.py"],
     "divergence_check_cpu": ["distsplat/train/faults.py", "benchmarks/bench_divergence_check.py"],
     "fuzz_parsers": ["distsplat/data", "distsplat/train/checkpoint.py", "distsplat/viewer/model.py", "tests/fuzz"],
+    "fuzz_colmap": ["distsplat/data", "tests/fuzz/colmap_mutations.py"],
     "gsplat_peer": ["benchmarks/gsplat_peer.py", "scripts/prepare_gsplat_peer.sh"],
     "thermos_cuda": ["distsplat", "examples/simple_trainer.py", "scripts/gpu_validate.sh"],
     "profile_gpu_cuda": ["distsplat", "benchmarks/profile_gpu.py", "benchmarks/step_ranges.py",

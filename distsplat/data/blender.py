@@ -119,7 +119,10 @@ def load_blender(
     C = len(names)
     points, transform = np.zeros((0, 3), np.float32), np.eye(4)
     if normalize:
-        c2w, points, transform = normalize_world(c2w, points)
+        try:
+            c2w, points, transform = normalize_world(c2w, points)
+        except DataError as e:  # degenerate cameras or points: name the file
+            raise DataError(f"{train_file}: {e}") from None
     log.info("Blender %s: %d train + %d test frames, %dx%d, background %s", data_dir, n_train, C - n_train, w, h, background)
     return Scene(
         names=names, camtoworlds=c2w, Ks=np.tile(K, (C, 1, 1)), widths=np.full(C, w, np.int64),

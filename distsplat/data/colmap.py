@@ -85,8 +85,7 @@ def load_colmap(
     names = NameList(raw) if raw.dtype.kind == "S" else [b.decode("utf-8") for b in raw]  # [C]
     qvecs, tvecs = table.qvecs[order], table.tvecs[order]  # [C, 4], [C, 3]
     cam_ids, image_ids = table.camera_ids[order], table.ids[order]  # [C]
-    del table, raw
-    _check_finite(model_dir, names, qvecs, tvecs, points)
+    del table, raw  # poses and points were checked as read (colmap_io: finite, in range)
     C = len(names)
     w2c = np.tile(np.eye(4), (C, 1, 1))  # [C, 4, 4]
     w2c[:, :3, :3] = _rotmats(qvecs)  # one numpy op, not C
@@ -152,6 +151,7 @@ def load_colmap(
     g_Ks[:, 0, :] *= (g_sizes[:, 0] / g_cam_sizes[:, 0])[:, None]
     g_Ks[:, 1, :] *= (g_sizes[:, 1] / g_cam_sizes[:, 1])[:, None]
     plans = undistort_cameras(g_cams, g_Ks, g_sizes, lambda c: f"{cam_file} camera {c.id} ({c.model})")
+    _check_pinholes(cam_file, g_cams, g_Ks, g_sizes)
     Ks, sizes, source_sizes = _per_image(g_Ks, inverse), _per_image(g_sizes, inverse), _per_image(g_stored, inverse)
     undistort = None if plans is None else [plans[g] for g in inverse.tolist()]
 
@@ -159,7 +159,10 @@ def load_colmap(
     points_xyz = points.xyz.astype(np.float32)
     transform = np.eye(4)
     if normalize:
-        camtoworlds, points_xyz, transform = normalize_world(camtoworlds, points_xyz)
+        try:
+            camtoworlds, points_xyz, transform = normalize_world(camtoworlds, points_xyz)
+        except DataError as e:  # degenerate cameras or points: name the model
+            raise DataError(f"{model_dir}: {e}") from None
     log.info("COLMAP %s: %d images, %d cameras, %d points, %d train / %d test, images from %s%s",
              data_dir, C, len(cameras), len(points_xyz), len(train), len(test), image_dir,
              f" downscaled by {factor} on load" if on_the_fly else "")
@@ -173,6 +176,19 @@ def load_colmap(
         del points, image_ids, cam_ids, cam_pos, inverse
         trim_heap()  # the parse's temporaries: 130 MB per rank at a million images without it
     return scene
+
+
+def _check_pinholes(cam_file: Path, cams: Sequence[colmap_io.Camera], Ks: np.ndarray, sizes: np.ndarray) -> None:
+    """The pinhole cameras the renderer gets (scaled to the loaded images, undistorted):
+    finite, positive focal lengths and sizes. colmap_io checked the model's values; this
+    catches what scaling or an undistortion plan made of extreme ones. Ks [G, 3, 3], sizes [G, 2]."""
+    for g, cam in enumerate(cams):
+        K, (w, h) = Ks[g], sizes[g].tolist()
+        if not (np.isfinite(K).all() and K[0, 0] > 0 and K[1, 1] > 0 and w >= 1 and h >= 1):
+            raise DataError(f"{cam_file}: camera {cam.id} ({cam.model}, parameters {cam.params.tolist()}) gives a "
+                            f"{w}x{h} pinhole camera with focal lengths {K[0, 0]!r}, {K[1, 1]!r} and principal point "
+                            f"{K[0, 2]!r}, {K[1, 2]!r} at the loaded size: the reconstruction is damaged: "
+                            "re-export or re-run it")
 
 
 def _per_image(per_group: np.ndarray, inverse: np.ndarray) -> np.ndarray:
@@ -233,30 +249,6 @@ def _rotmats(q: np.ndarray) -> np.ndarray:
         np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
         np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1),
     ], 1)
-
-
-def _check_finite(model_dir: Path, names: Sequence[str], q: np.ndarray, t: np.ndarray,
-                  points: colmap_io.Points) -> None:
-    """NaN or Inf in a pose or a point would surface much later as a NaN loss or a failed
-    normalization; refuse them here, naming the file and the image or point.
-    q: [C, 4] quaternions, t: [C, 3] translations, in the order of `names`."""
-    def model_file(stem: str) -> Path:
-        return next((model_dir / f"{stem}{ext}" for ext in (".bin", ".txt") if (model_dir / f"{stem}{ext}").exists()),
-                    model_dir / f"{stem}.bin")
-
-    suspects = np.flatnonzero(~(np.isfinite(q).all(1) & np.isfinite(t).all(1)) | ~(np.linalg.norm(q, axis=1) > 0))
-    for i in suspects[:1].tolist():  # the first bad one, named as before
-        if not (np.isfinite(q[i]).all() and np.isfinite(t[i]).all()):
-            raise DataError(f"{model_file('images')}: image {names[i]!r} has a non-finite pose (qvec {q[i].tolist()}, "
-                            f"tvec {t[i].tolist()}); the reconstruction is damaged: re-export or re-run it")
-        if not np.linalg.norm(q[i]) > 0:
-            raise DataError(f"{model_file('images')}: image {names[i]!r} has a zero rotation quaternion; "
-                            "the reconstruction is damaged: re-export or re-run it")
-    bad = ~np.isfinite(points.xyz).all(axis=1)  # [P]
-    if bad.any():
-        raise DataError(f"{model_file('points3D')}: {int(bad.sum())} of {len(bad)} points have non-finite coordinates "
-                        f"(first: point {int(points.ids[bad][0])} at {points.xyz[bad][0].tolist()}); the reconstruction "
-                        "is damaged: re-export or re-run it")
 
 
 def _match_name(image_dir: str, name: str, listings: Optional[Dict[str, tuple]] = None) -> str:

@@ -4,6 +4,13 @@
 This is the bottom of the COLMAP branch of the data flow: `colmap.py` turns the raw model
 returned here into a `Scene`. The writers exist for tests (text round trip, deliberately
 broken models) and for tools that export generated scenes in COLMAP layout.
+
+Every value is checked where it is read (issue 36), so a damaged model is a DataError
+naming the file, the record and the value, never an exception further down the load
+(`colmap.py`, the normalisation, the undistortion plan): camera sizes and parameters
+(`check_camera`), image poses (`check_poses`), point coordinates, colours and track
+lengths (`check_points`, the readers). The limits are far past any real capture and
+within what the rest of the load computes in float32 and float64 (the limits below).
 """
 
 from __future__ import annotations
@@ -39,6 +46,17 @@ CAMERA_MODELS: Dict[int, Tuple[str, int]] = {
 }
 MODEL_IDS = {name: mid for mid, (name, _) in CAMERA_MODELS.items()}
 REEXPORT = "re-export the model from its COLMAP database (colmap model_converter)"
+DAMAGED = "the reconstruction is damaged: re-export or re-run it"
+
+# Limits of the values a model may hold. A value outside is damage (a flipped bit, an
+# overwritten block), not a capture: the ranges are far wider than any real one.
+MAX_SIDE = 1 << 20  # pixels, a camera's width or height: 1 .. 1048576
+FOCAL_RANGE = (1e-3, 1e3)  # focal length / the camera's larger side: fields of view of 0.06 to 179.9 degrees
+CENTRE_RANGE = 10.0  # the principal point lies within 10 widths (heights) of the image
+COORD_LIMIT = 1e10  # |coordinate| of a point or a camera translation: past any real model (the Earth is
+#                     1.3e7 m across), and far inside float32
+QNORM_RANGE = (1e-3, 1e3)  # norm of an image's rotation quaternion: COLMAP writes unit quaternions
+MAX_ID = 2**32 - 1  # COLMAP's camera and image ids are 32-bit unsigned
 
 
 @dataclass
@@ -125,6 +143,72 @@ def qvec_to_rotmat(q: np.ndarray) -> np.ndarray:
     )
 
 
+# ---------------------------------------------------------------- checks
+
+def check_camera(path: Path, where: str, cam: Camera) -> None:
+    """DataError unless `cam`'s size and parameters are finite and in range; `where` names
+    the record ("camera 1", "line 4: camera 1")."""
+    def bad(what: str) -> DataError:
+        return DataError(f"{path}: {where} ({cam.model}) {what}; {DAMAGED}")
+
+    for side, v in (("width", cam.width), ("height", cam.height)):
+        if not 1 <= v <= MAX_SIDE:
+            raise bad(f"has {side} {v}, outside 1..{MAX_SIDE}")
+    n = CAMERA_MODELS[MODEL_IDS[cam.model]][1]
+    if len(cam.params) != n:
+        raise DataError(f"{path}: {where} ({cam.model}) has {len(cam.params)} parameters, the model has {n}; "
+                        f"{REEXPORT}")
+    p = cam.params
+    if not np.isfinite(p).all():
+        raise bad(f"has non-finite parameters {p.tolist()}")
+    one = cam.model in ("SIMPLE_PINHOLE", "SIMPLE_RADIAL", "RADIAL", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE")
+    focals, centre = (p[:1], p[1:3]) if one else (p[:2], p[2:4])
+    side = max(cam.width, cam.height)
+    lo, hi = FOCAL_RANGE
+    for f in focals.tolist():
+        if not lo * side <= f <= hi * side:
+            raise bad(f"has focal length {f!r}, outside {lo:g} to {hi:g} times its larger side {side} "
+                      f"({lo * side:g} to {hi * side:g} pixels)")
+    for axis, c, size in (("cx", centre[0], cam.width), ("cy", centre[1], cam.height)):
+        if not -CENTRE_RANGE * size <= c <= (CENTRE_RANGE + 1) * size:
+            raise bad(f"has principal point {axis} = {float(c)!r}, more than {CENTRE_RANGE:g} image sizes "
+                      f"outside the {cam.width}x{cam.height} image")
+
+
+def check_poses(path: Path, ids: np.ndarray, names, q: np.ndarray, t: np.ndarray) -> None:
+    """DataError naming the first image (file order) whose pose is not finite or out of
+    range. ids [C], names [C] (str or UTF-8 bytes), q [C, 4], t [C, 3]."""
+    finite = np.isfinite(q).all(1) & np.isfinite(t).all(1)  # [C]
+    qf = np.where(finite[:, None], q, 0.0)  # [C, 4]
+    m = np.abs(qf).max(1, initial=0.0)  # [C] scaled first: no square overflows or underflows
+    qn = m * np.linalg.norm(qf / np.where(m > 0, m, 1.0)[:, None], axis=1)  # [C]
+    far = (np.abs(np.where(finite[:, None], t, 0.0)) > COORD_LIMIT).any(1)  # [C]
+    ok = finite & (qn >= QNORM_RANGE[0]) & (qn <= QNORM_RANGE[1]) & ~far
+    for i in np.flatnonzero(~ok)[:1].tolist():
+        name = names[i].decode("utf-8", "replace") if isinstance(names[i], bytes) else names[i]
+        head, rec = f"{path}: image {name!r}", f"image id {int(ids[i])}, record {i + 1}"
+        if not finite[i]:
+            raise DataError(f"{head} has a non-finite pose (qvec {q[i].tolist()}, tvec {t[i].tolist()}; {rec}); "
+                            f"{DAMAGED}")
+        if not QNORM_RANGE[0] <= qn[i] <= QNORM_RANGE[1]:
+            raise DataError(f"{head} has a rotation quaternion of norm {qn[i]:.3g} (qvec {q[i].tolist()}; {rec}), "
+                            f"outside {QNORM_RANGE[0]:g}..{QNORM_RANGE[1]:g}: COLMAP writes unit quaternions; {DAMAGED}")
+        raise DataError(f"{head} has a translation {t[i].tolist()} beyond +-{COORD_LIMIT:g} ({rec}); {DAMAGED}")
+
+
+def check_points(path: Path, ids: np.ndarray, xyz: np.ndarray) -> None:
+    """DataError naming the first point whose coordinates are non-finite or beyond
+    +-COORD_LIMIT (and how many are). ids [P], xyz [P, 3]."""
+    finite = np.isfinite(xyz).all(axis=1)  # [P]
+    bad = ~finite if not finite.all() else (np.abs(xyz) > COORD_LIMIT).any(axis=1)  # [P]
+    if not bad.any():
+        return
+    what = "non-finite coordinates" if not finite.all() else f"coordinates beyond +-{COORD_LIMIT:g}"
+    first = int(np.flatnonzero(bad)[0])
+    raise DataError(f"{path}: {int(bad.sum())} of {len(bad)} points have {what} (first: point {int(ids[first])} at "
+                    f"{xyz[first].tolist()}, record {first + 1}); {DAMAGED}")
+
+
 # ---------------------------------------------------------------- binary
 
 class _Reader:
@@ -170,6 +254,7 @@ def read_cameras_bin(path: Path) -> Dict[int, Camera]:
                             f"the file is damaged or not a COLMAP cameras.bin; {REEXPORT}")
         name, n = CAMERA_MODELS[mid]
         cameras[cid] = Camera(cid, name, w, h, np.array(r.unpack(f"<{n}d")))
+        check_camera(path, f"camera {cid}", cameras[cid])
     return cameras
 
 
@@ -181,7 +266,15 @@ def read_images_bin(path: Path) -> Dict[int, Image]:
         name = r.cstring()
         r.skip(24 * r.unpack("<Q")[0])  # points2D (x, y, point3D_id): not needed to train
         images[iid] = Image(iid, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), cid, name)
+    _check_image_dict(path, images)
     return images
+
+
+def _check_image_dict(path: Path, images: Dict[int, "Image"]) -> None:
+    ims = list(images.values())
+    check_poses(path, np.array([im.id for im in ims], dtype=np.int64), [im.name for im in ims],
+                np.array([im.qvec for im in ims], dtype=np.float64).reshape(-1, 4),
+                np.array([im.tvec for im in ims], dtype=np.float64).reshape(-1, 3))
 
 
 _IMAGE_HEAD = np.dtype([("id", "<i4"), ("q", "<f8", (4,)), ("t", "<f8", (3,)), ("cam", "<i4")])  # 64 bytes
@@ -224,8 +317,10 @@ def read_images_bin_table(path: Path) -> ImageTable:
         names = np.empty(C, dtype=object)
         names[:] = [buf[o + 64:o + 64 + k] for o, k in zip(s.tolist(), lengths.tolist())]
     _check_utf8(path, names, s)
-    return ImageTable(head["id"].astype(np.int64), head["q"].astype(np.float64), head["t"].astype(np.float64),
-                      head["cam"].astype(np.int64), names)
+    table = ImageTable(head["id"].astype(np.int64), head["q"].astype(np.float64), head["t"].astype(np.float64),
+                       head["cam"].astype(np.int64), names)
+    check_poses(path, table.ids, table.names, table.qvecs, table.tvecs)
+    return table
 
 
 _CHUNK = 1 << 16  # records gathered at once (bounded temporaries: ~B x 64 x 8 bytes of indices)
@@ -266,10 +361,14 @@ def read_points_bin(path: Path) -> Points:
         xyz[i] = (x, y, z)
         rgb[i] = (cr, cg, cb)
         start = r.pos
+        if track > (len(r.buf) - start) // 8:  # before skipping: the length itself is the damage
+            raise DataError(f"{path}: point {pid} (record {i + 1} of {n}) claims a track of {track} observations, "
+                            f"more than the {len(r.buf) - start} bytes left in the file hold; {REEXPORT}")
         r.skip(8 * track)  # track (image_id, point2D_idx) int32 pairs
         tracks.append(np.frombuffer(r.buf, "<i4", 2 * track, start)[0::2])
         offsets[i + 1] = offsets[i] + track
     images = np.concatenate(tracks).astype(np.int64) if tracks else np.zeros(0, np.int64)
+    check_points(path, ids, xyz)  # colours are bytes: 0..255 by construction
     return Points(ids, xyz, rgb, err, offsets, images)
 
 
@@ -342,14 +441,21 @@ def read_cameras_txt(path: Path) -> Dict[int, Camera]:
         parts = line.split()
         try:
             cid, model, w, h = int(parts[0]), parts[1], int(parts[2]), int(parts[3])
-            params = np.array([float(v) for v in parts[4:]])
+            params = np.array([float(v) for v in parts[4:]], dtype=np.float64)
         except (IndexError, ValueError) as e:
             raise DataError(f"{path}:{lineno}: malformed camera line ({e})") from None
+        _check_id(path, lineno, "camera id", cid)
         if model not in MODEL_IDS:
             raise DataError(f"{path}:{lineno}: camera {cid} has unknown camera model {model!r}; COLMAP's models are "
                             f"{', '.join(MODEL_IDS)} (distsplat trains on the undistorted pinhole ones)")
         cameras[cid] = Camera(cid, model, w, h, params)
+        check_camera(path, f"line {lineno}: camera {cid}", cameras[cid])
     return cameras
+
+
+def _check_id(path: Path, lineno: int, what: str, value: int) -> None:
+    if not 0 <= value <= MAX_ID:
+        raise DataError(f"{path}:{lineno}: {what} {value} is outside COLMAP's 0..{MAX_ID}; {DAMAGED}")
 
 
 def read_images_txt(path: Path) -> Dict[int, Image]:
@@ -367,19 +473,27 @@ def read_images_txt(path: Path) -> Dict[int, Image]:
             iid, vals, cid, name = int(parts[0]), [float(v) for v in parts[1:8]], int(parts[8]), parts[9]
         except (IndexError, ValueError) as e:
             raise DataError(f"{path}:{i}: malformed image line ({e})") from None
+        _check_id(path, i, "image id", iid)
+        _check_id(path, i, "camera id", cid)
         images[iid] = Image(iid, np.array(vals[:4]), np.array(vals[4:7]), cid, name)
         i += 1  # its points2D line
+    _check_image_dict(path, images)
     return images
 
 
 def read_points_txt(path: Path) -> Points:
-    rows, tracks = [], []
+    rows, tracks, linenos = [], [], []
     for lineno, line in _text_lines(path):
         parts = line.split()
-        if len(parts) < 8:
-            raise DataError(f"{path}:{lineno}: malformed point line")
+        if len(parts) < 8 or len(parts) % 2:
+            raise DataError(f"{path}:{lineno}: malformed point line ({len(parts)} fields: POINT3D_ID, X, Y, Z, R, G, B, "
+                            "ERROR, then (IMAGE_ID, POINT2D_IDX) pairs); " + REEXPORT)
         rows.append(parts[:8])
-        tracks.append(np.array(parts[8::2], dtype=np.int64))  # (image_id, point2D_idx) pairs
+        try:
+            tracks.append(np.array(parts[8:], dtype=np.int64)[0::2])  # (image_id, point2D_idx) pairs: the ids
+        except (ValueError, OverflowError) as e:
+            raise DataError(f"{path}:{lineno}: malformed track of point {parts[0]} ({e}); {REEXPORT}") from None
+        linenos.append(lineno)
     if not rows:
         return Points(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 3), np.uint8), np.zeros(0),
                       np.zeros(1, np.int64), np.zeros(0, np.int64))
@@ -389,8 +503,11 @@ def read_points_txt(path: Path) -> Points:
         rgb = a[:, 4:7].astype(np.int64)
     except (ValueError, OverflowError) as e:
         raise DataError(f"{path}: malformed point line ({e}); {REEXPORT}") from None
-    if rgb.size and (rgb.min() < 0 or rgb.max() > 255):
-        raise DataError(f"{path}: a point colour is outside 0..255; {REEXPORT}")
+    out = np.flatnonzero(((rgb < 0) | (rgb > 255)).any(axis=1))
+    for k in out[:1].tolist():
+        raise DataError(f"{path}:{linenos[k]}: point {int(ids[k])} has colour {rgb[k].tolist()}, outside 0..255; "
+                        f"{REEXPORT}")
+    check_points(path, ids, xyz)
     offsets = np.concatenate([[0], np.cumsum([len(t) for t in tracks])]).astype(np.int64)
     return Points(ids, xyz, rgb.astype(np.uint8), err, offsets, np.concatenate(tracks))
 

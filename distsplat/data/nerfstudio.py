@@ -220,7 +220,10 @@ def load_nerfstudio(
     train, test = _split(path, meta, names, test_every)
     transform = np.eye(4)
     if normalize:
-        c2w, points, transform = normalize_world(c2w, points)
+        try:
+            c2w, points, transform = normalize_world(c2w, points)
+        except DataError as e:  # degenerate cameras or points: name the file
+            raise DataError(f"{path}: {e}") from None
     log.info("nerfstudio %s: %d frames, %d cameras, %d points, %d train / %d test, images from %s%s", data_dir,
              len(names), len(ids), len(points), len(train), len(test), image_dir,
              f" downscaled by {factor} on load" if on_the_fly else "")

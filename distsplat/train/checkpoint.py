@@ -41,6 +41,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .disk_full import CheckedWriter
+
 META = "meta.json"
 FORMAT = 2  # 2: meta.json holds meta_sha256 (format 1 had none; still read)
 READABLE_FORMATS = (1, 2)
@@ -117,8 +119,14 @@ def write_shard(ckpt_root: Path, step: int, rank: int, payload: Dict[str, Any]) 
     d = tmp_dir(ckpt_root, step)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"rank_{rank:04d}.pt"
-    with open(path, "wb") as f:
-        torch.save(payload, f)
+    # Unbuffered: a failed save leaves nothing buffered for the close to fail on again (torch
+    # writes each record in a few calls); a full disk surfaces as its OSError, not torch's words.
+    with open(path, "wb", buffering=0) as f:
+        out = CheckedWriter(f, path)
+        try:
+            torch.save(payload, out)
+        except Exception as e:  # noqa: BLE001 - re-raised, as the file system's error where there is one
+            out.reraise(e)
         f.flush()
         os.fsync(f.fileno())
     digest = _sha256(path)

@@ -10,6 +10,7 @@ channel-major (all of red's coefficients, then green's, then blue's)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Dict, List, Union
@@ -70,7 +71,10 @@ def write_ply_rows(path: PathLike, header_size: int, start: int, rows: np.ndarra
         data = rows.tobytes()
         offset, done = header_size + start * rows.shape[1] * 4, 0
         while done < len(data):
-            done += os.pwrite(fd, data[done:], offset + done)
+            n = os.pwrite(fd, data[done:], offset + done)
+            if n == 0:  # a short write that makes no progress: the disk is full (disk_full.py)
+                raise OSError(errno.ENOSPC, f"short write: {done} of {len(data)} bytes written, then none", str(path))
+            done += n
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -1,9 +1,13 @@
 """Faults of long runs that must not end them, or must end them cleanly (issue 21).
 
 A full disk while saving.  A checkpoint or PLY write that fails because the disk is full,
-over quota or read-only (ENOSPC, EDQUOT, EROFS) skips that save on EVERY rank and the run
-goes on: rank 0 warns naming the file and the bytes it needed, the next save step tries
-again, and the end of the run lists the saves that failed. A write can fail on one rank
+over quota or read-only, or the file past a size limit (ENOSPC, EDQUOT, EROFS, EFBIG) skips
+that save on EVERY rank and the run goes on: rank 0 warns naming the file and the bytes it
+needed, the next save step tries again, and the end of the run lists the saves that failed.
+The error is recognised however a real file system delivers it (disk_full.py: in the
+exception chain, wrapped by torch's zip writer, a short write), and each write is preceded
+by a look at the free space (statvfs against its bytes plus a stated margin), so a disk that
+is plainly too full is skipped without a byte written. A write can fail on one rank
 only, so each phase of a save ends in one agreement (`SaveGuard.run`: an all-reduce of W
 small rows, in place of the barrier that separated the phases anyway) and a checkpoint is
 finalized only once every shard is written. The last complete checkpoint is never touched:
@@ -48,17 +52,14 @@ from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum
 from . import checkpoint as ck
+from .disk_full import DISK_ERRNOS, check_room, disk_error, free_bytes, is_disk_full, margin  # noqa: F401
 from .memory import fmt_bytes
 
 log = logging.getLogger(__name__)
 
 _META_BYTES = 64 * 1024  # meta.json: the config and a row per shard, a few KiB
-DISK_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EROFS: "EROFS"}
-
-
-def is_disk_full(error: BaseException) -> bool:
-    """A write that failed for lack of room (full disk, quota) or a read-only file system."""
-    return isinstance(error, OSError) and error.errno in DISK_ERRNOS
+_REASONS = {errno.EROFS: "the file system is read-only",
+            errno.EFBIG: "the file would pass the largest this process or file system may write"}
 
 
 def payload_bytes(obj: Any) -> int:
@@ -73,39 +74,36 @@ def payload_bytes(obj: Any) -> int:
     return 0
 
 
-def _free_bytes(path: Path) -> int:
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        return shutil.disk_usage(p).free
-    except OSError:
-        return -1
-
-
 class SaveGuard:
     """The phases of a save, run so that a full disk on any rank skips the save on all."""
 
     def __init__(self, ctx: DistContext, device: torch.device, ckpt_root: Path):
         self.ctx, self.device, self.ckpt_root = ctx, device, Path(ckpt_root)
         self.failed: List[str] = []  # "checkpoint of step 40", ... in order
+        self.codes: set = set()  # the errnos of the failed saves (rank 0)
 
     def run(self, what: str, path_of: Callable[[int], Path], nbytes: int,
             write: Optional[Callable[[], Any]]) -> bool:
         """Runs `write` (None: this rank has no part in this phase), then agrees with every
-        rank: True when no rank's write failed. A disk-full error is caught (any other
-        error propagates: a real failure, reported as such); rank 0 warns naming the
-        failing rank's file (`path_of(rank)`), the bytes it needed and the bytes free."""
+        rank: True when no rank's write failed. Before writing, the free space at the
+        file is checked against `nbytes` plus disk_full.margin (too little: the write is
+        skipped as a full disk). A disk-full error is caught however it arrives
+        (disk_full.disk_error; any other error propagates: a real failure, reported as
+        such); rank 0 warns naming the failing rank's file (`path_of(rank)`), the bytes
+        it needed and the bytes free."""
         W, r = self.ctx.world_size, self.ctx.rank
-        row = torch.zeros(W, 3, dtype=torch.int64, device=self.device)  # [W, (errno, needed, free)]
+        row = torch.zeros(W, 4, dtype=torch.int64, device=self.device)  # [W, (errno, needed, free, before writing)]
         if write is not None:
+            path = path_of(r)
             try:
+                if nbytes > 0:
+                    check_room(path, nbytes)
                 write()
-            except OSError as e:
-                if not is_disk_full(e):
+            except Exception as e:  # noqa: BLE001 - only a full disk is caught; the rest re-raised
+                found = disk_error(e, path, nbytes)
+                if found is None:
                     raise
-                path = path_of(r)
-                row[r] = torch.tensor([e.errno, nbytes, _free_bytes(path)])
+                row[r] = torch.tensor([found.errno, nbytes, free_bytes(path), int(getattr(found, "before_writing", 0))])
         rows = all_reduce_sum(row).tolist()  # every rank: the same rows, the same decision
         bad = [(q, *v) for q, v in enumerate(rows) if v[0]]
         if not bad:
@@ -113,9 +111,11 @@ class SaveGuard:
         if self.ctx.is_main:
             if not self.failed or self.failed[-1] != what:
                 self.failed.append(what)
-            for q, code, needed, free in bad:
-                reason = ("the file system is read-only" if code == errno.EROFS else
-                          f"{os.strerror(code)} [{DISK_ERRNOS.get(code, code)}]")
+            for q, code, needed, free, before in bad:
+                self.codes.add(code)
+                reason = _REASONS.get(code, f"{os.strerror(code)} [{DISK_ERRNOS.get(code, code)}]")
+                if before:
+                    reason += f", found before writing: {needed} bytes + a margin of {margin(needed)} do not fit"
                 room = f"; {fmt_bytes(free)} free there" if free >= 0 else ""
                 log.warning("%s not saved: rank %d could not write %s (%s): it needs about %s (%d bytes)%s. "
                             "Training goes on and the next save step tries again; %s", what, q, path_of(q),
@@ -157,7 +157,8 @@ class SaveGuard:
         """At the end of a run: rank 0 warns which saves failed; metrics["failed_saves"]."""
         metrics["failed_saves"] = list(self.failed)
         if self.failed and self.ctx.is_main:
-            log.warning("%d save(s) failed because the disk was full or read-only: %s; %s", len(self.failed),
+            why = "full or read-only" if errno.EFBIG not in self.codes else "full or read-only, or a file too large"
+            log.warning("%d save(s) failed because the disk was %s: %s; %s", len(self.failed), why,
                         ", ".join(self.failed), self._last_complete())
 
 

@@ -6,6 +6,13 @@ the dir must be on storage every node mounts (NFS, Lustre, ...). A node-local pa
 node's /tmp, or a relative path from different working directories) would train and then
 leave every node with part of each checkpoint. `check_shared(ctx, result_dir)` finds out:
 
+0. every rank resolves --result_dir against its working directory (`os.path.abspath`:
+   symlinks are not followed, so one mount reached through differently named links is
+   refused here rather than guessed at) and one gather compares them: ranks given
+   different paths (a launch script that builds the path per node, a relative path from
+   different working directories) stop here, naming every rank's path, before anything is
+   written (issue 36: the marker below lands in the paths' common existing parent, where
+   every node sees it, and the run used to crash at its first save);
 1. rank 0 writes a marker file holding a random token into the nearest existing folder of
    the result dir (the dir itself when it exists: nothing is created before setup
    succeeds everywhere, and the marker is removed at the end of the check);
@@ -15,11 +22,13 @@ leave every node with part of each checkpoint. `check_shared(ctx, result_dir)` f
 3. one gather of (saw it, node, folder) per rank; every rank raises the same ValueError
    naming the nodes that do not see the marker.
 
-Costs one broadcast and one all-reduce when the dir is shared; nothing at W=1.
+Costs two gathers (all-reduces of a small byte table) and one broadcast when the dir is
+shared; nothing at W=1.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
@@ -35,6 +44,7 @@ WAIT_ENV = "DISTSPLAT_SHARED_DIR_WAIT_S"
 DEFAULT_WAIT_S = 30.0
 MARKER_PREFIX = ".distsplat-shared-"
 TOKEN_BYTES = 16
+PATH_ROW_BYTES = 1024  # per rank: a digest of the path (compared), the node, the path (shown, cut past this)
 
 
 def nearest_existing(result_dir: str) -> Path:
@@ -67,6 +77,7 @@ def check_shared(ctx: DistContext, result_dir: str, wait_s: Optional[float] = No
         return
     if wait_s is None:
         wait_s = float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S))
+    shown = check_same_path(ctx, result_dir)  # before the marker: a refused run writes nothing
     folder = nearest_existing(result_dir)
     token, marker = "", None
     if ctx.is_main:
@@ -87,7 +98,7 @@ def check_shared(ctx: DistContext, result_dir: str, wait_s: Optional[float] = No
     if marker is not None:
         marker.unlink(missing_ok=True)
     if not token:
-        raise _agreed(f"--result_dir {result_dir}: rank 0 could not write a marker file into "
+        raise _agreed(f"--result_dir {shown}: rank 0 could not write a marker file into "
                       f"{rows[0].split('|', 2)[2]}; check the folder's permissions and free space")
     fields = [row.split("|", 2) for row in rows]
     blind = [r for r, f in enumerate(fields) if f[0] != "1"]
@@ -95,11 +106,33 @@ def check_shared(ctx: DistContext, result_dir: str, wait_s: Optional[float] = No
         names = [f[1] for f in fields]
         where = "; ".join(sorted({f"{names[r]} looked in {fields[r][2]}" for r in blind}))
         raise _agreed(
-            f"--result_dir {result_dir} is not shared by every node: rank 0 on {names[0]} wrote a marker "
+            f"--result_dir {shown} is not shared by every node: rank 0 on {names[0]} wrote a marker "
             f"into {fields[0][2]}, and {group_by_node(blind, names)} do not see it ({where}, waited "
             f"{wait_s:g} s). Every rank writes its checkpoint shard and PLY rows there and rank 0 reads "
             "them back: pass a --result_dir on a file system every node mounts at the same path "
             f"(NFS, Lustre, ...); if it is one that is slow to show new files, raise {WAIT_ENV}")
+
+
+def check_same_path(ctx: DistContext, result_dir: str) -> str:
+    """ValueError, the same on every rank, unless every rank resolves --result_dir to the
+    same absolute path; the message lists each rank's path (grouped by node). Returns
+    --result_dir as rank 0 typed it (what later messages name, the same on every rank)."""
+    path = os.path.abspath(result_dir)
+    digest = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    rows = [row.split("\0", 3) for row in  # NUL: the one byte no path or host name holds
+            gather_text(ctx, f"{digest}\0{node_name()}\0{result_dir}\0{path}", PATH_ROW_BYTES)]
+    if len({row[0] for row in rows}) == 1:
+        return rows[0][2] if len(rows[0]) > 2 else result_dir
+    names = [row[1] for row in rows]
+    groups: dict = {}  # (typed, resolved) -> ranks, in rank order
+    for r, row in enumerate(rows):
+        groups.setdefault((row[2], row[3] if len(row) > 3 else ""), []).append(r)
+    where = "; ".join(f"{group_by_node(ranks, names)}: {resolved}" + (f" (typed {typed})" if typed != resolved else "")
+                      for (typed, resolved), ranks in groups.items())
+    raise _agreed(
+        f"--result_dir is not the same folder on every rank: {where}. Every rank writes its checkpoint shard and "
+        "PLY rows into the result dir and rank 0 reads them back: pass the same absolute --result_dir to every "
+        "node, on a file system every node mounts at that path (NFS, Lustre, ...)")
 
 
 def _agreed(message: str) -> ValueError:

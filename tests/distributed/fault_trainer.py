@@ -9,6 +9,8 @@ examples/simple_trainer.py). DISTSPLAT_FAULT="kind:rank:step" with kind one of
               OSError(ENOSPC) (a disk that fills up on one node),
   enospc_ply  `rank`'s PLY rows of save step `step` fail the same way,
   erofs       rank 0's `begin` of save step `step` fails with OSError(EROFS).
+  free        `rank` deletes the file $DISTSPLAT_BALLAST as the save of step `step` begins
+              (room given back on a really full disk, tests/small_fs.py; nothing is mocked).
   nan         `rank`'s gradient of the means is NaN at training steps `step` ("a-b": a range).
 Several faults: comma-separated specs.
 """
@@ -36,6 +38,8 @@ def install(specs: str) -> None:
         if kind == "nan":
             first, _, last = step.partition("-")
             install_nan(range(int(first), int(last or first) + 1))
+        elif kind == "free":
+            install_free(int(step))
         else:
             (install_disk_fault if kind in DISK_FAULTS else install_one)(kind, int(rank), int(step))
 
@@ -64,6 +68,19 @@ def install_nan(steps) -> None:
 
     trainer_mod.Trainer.train_step = tracked_train_step
     trainer_mod.activated = nan_activated
+
+
+def install_free(step: int) -> None:
+    """Deletes $DISTSPLAT_BALLAST when the save of `step` begins (before its first
+    collective: the other ranks' writes of that save come after)."""
+    save = trainer_mod.Trainer.save
+
+    def freeing_save(self, s):
+        if s == step:
+            Path(os.environ["DISTSPLAT_BALLAST"]).unlink()
+        return save(self, s)
+
+    trainer_mod.Trainer.save = freeing_save
 
 
 DISK_FAULTS = ("enospc", "enospc_ply", "erofs")

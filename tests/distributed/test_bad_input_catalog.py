@@ -292,6 +292,28 @@ def nan_points(b: Bench):
     return colmap_args(scene)
 
 
+@case("cameras.bin: camera 1 (PINHOLE) has width 9223372036854775808, outside 1..1048576")
+def huge_camera_width(b: Bench):
+    """Issue 36: a value the reader took as it came, then an OverflowError in colmap.py."""
+    scene = b.colmap()
+    path = scene / "sparse" / "0" / "cameras.bin"
+    data = bytearray(path.read_bytes())
+    data[16:24] = struct.pack("<Q", 2**63)  # after the count (Q), the id and model (ii)
+    path.write_bytes(bytes(data))
+    return colmap_args(scene)
+
+
+@case("points3D.bin: 1 of 200 points have coordinates beyond +-1e+10 (first: point 6 at [1e+200, ")
+def absurd_points(b: Bench):
+    """Issue 36: finite but absurd, then numpy's eigh failing while normalising."""
+    scene = b.colmap()
+
+    def far(model):
+        model.points.xyz[5, 0] = 1e200
+    edit_model(scene, far)
+    return colmap_args(scene)
+
+
 @case("cameras.bin: camera 1 uses model FOV, which distsplat does not support")
 def unsupported_camera_model(b: Bench):
     """A model distsplat cannot undistort (issue 16: the distorted ones it can are trained)."""

@@ -6,6 +6,7 @@ LOCAL_WORLD_SIZE: the device, the memory budgets) must be taken per node."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,10 @@ def test_two_nodes_of_two_ranks_equal_one_node_of_four(tmp_path):
         assert (tmp_path / "two" / "stats" / f"train_step{STEPS:04d}_rank{r}.json").is_file()
 
 
-def test_a_result_dir_the_nodes_do_not_share_stops_before_training(tmp_path):
+def test_a_relative_result_dir_from_different_working_directories_stops_before_training(tmp_path):
     """Each "node" runs in its own working directory with the relative --result_dir run:
-    two folders, as node-local disks would be. Every rank must stop at setup with one
-    message naming node 1 and its ranks, and leave nothing behind (no marker, no dir)."""
+    two folders. Every rank must stop at setup with one message naming both paths, and
+    leave nothing behind (no marker, no dir)."""
     cwds = [tmp_path / "node0", tmp_path / "node1"]
     for d in cwds:
         d.mkdir()
@@ -66,10 +67,65 @@ def test_a_result_dir_the_nodes_do_not_share_stops_before_training(tmp_path):
                            extra_env={"DISTSPLAT_SHARED_DIR_WAIT_S": "1"})
     for n, p in enumerate(nodes):
         assert p.returncode != 0, f"node {n} trained on a result dir the nodes do not share"
-        assert "--result_dir run is not shared by every node" in p.stderr, p.stderr[-3000:]
-        assert "ranks 2, 3 on node 1 (host " in p.stderr and f"looked in {cwds[1]}" in p.stderr
+        assert re.search(rf"distsplat: error: --result_dir is not the same folder on every rank: ranks 0, 1 on node 0 "
+                         rf"\(host [^)]+\): {re.escape(str(cwds[0] / 'run'))} \(typed run\); ranks 2, 3 on node 1 "
+                         rf"\(host [^)]+\): {re.escape(str(cwds[1] / 'run'))} \(typed run\)\. ", p.stderr), p.stderr[-3000:]
         assert "step 1/" not in p.stderr  # stopped before training
     assert [list(d.iterdir()) for d in cwds] == [[], []]
+
+
+def test_nodes_given_different_result_dirs_stop_before_training(tmp_path):
+    """Issue 36: a launch script builds --result_dir per node (x-a, x-b; neither exists).
+    The marker of the shared-dir check landed in their common parent, both nodes saw it,
+    and the run crashed at its first save; now every rank stops at setup naming both
+    paths, and nothing is written (no marker in the parent, neither folder)."""
+    a, b = tmp_path / "x-a", tmp_path / "x-b"
+    nodes = torchrun_nodes(["default", "--max_steps", "40", "--save_steps", "40", *TINY_FLAGS],
+                           node_args=[["--result_dir", str(a)], ["--result_dir", str(b)]])
+    messages = set()
+    for n, p in enumerate(nodes):
+        assert p.returncode != 0, f"node {n} trained on two result dirs\n{p.stderr[-3000:]}"
+        line = next((x for x in p.stderr.splitlines() if x.startswith("distsplat: error: --result_dir")), "")
+        assert re.fullmatch(rf"distsplat: error: --result_dir is not the same folder on every rank: ranks 0, 1 on "
+                            rf"node 0 \(host [^)]+\): {re.escape(str(a))}; ranks 2, 3 on node 1 \(host [^)]+\): "
+                            rf"{re.escape(str(b))}\. Every rank writes .*", line), p.stderr[-3000:]
+        messages.add(line)
+        assert "step 1/" not in p.stderr  # stopped before training
+    assert len(messages) == 1  # the same words from both nodes
+    assert list(tmp_path.iterdir()) == []
+
+
+def _mount_namespaces() -> str:
+    """'' when this process may give a child its own mount of a folder, else why not."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    if shutil.which("unshare") is None:
+        return "no unshare(1)"
+    with tempfile.TemporaryDirectory() as d:
+        p = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "tmpfs", d],
+                           capture_output=True, text=True)
+    return "" if p.returncode == 0 else f"cannot mount in a new mount namespace: {p.stderr.strip()[:200]}"
+
+
+@pytest.mark.skipif(bool(_mount_namespaces()), reason=_mount_namespaces() or "-")
+def test_node_local_storage_at_the_same_path_stops_before_training(tmp_path):
+    """The same command on both nodes, but node 1 has its own (empty) file system mounted at
+    the result dir's parent, as a node-local disk would be: the paths agree, the marker
+    rank 0 writes is not seen by node 1's ranks, and every rank stops at setup."""
+    local = tmp_path / "local"
+    local.mkdir()
+    own_mount = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 f'mount -t tmpfs -o size=1m tmpfs "{local}" && exec "$@"', "sh"]
+    nodes = torchrun_nodes(["default", "--max_steps", "5", "--result_dir", str(local / "run"), *TINY_FLAGS],
+                           extra_env={"DISTSPLAT_SHARED_DIR_WAIT_S": "1"}, prefixes=[[], own_mount])
+    for n, p in enumerate(nodes):
+        assert p.returncode != 0, f"node {n} trained on a result dir the nodes do not share"
+        assert f"--result_dir {local / 'run'} is not shared by every node" in p.stderr, p.stderr[-3000:]
+        assert "ranks 2, 3 on node 1 (host " in p.stderr and f"looked in {local}" in p.stderr
+        assert "step 1/" not in p.stderr
+    assert list(local.iterdir()) == []  # the marker removed, nothing created
 
 
 def _stage(full: Path, node: int, dest: Path) -> set:

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "simple_trainer.py"
@@ -21,8 +21,8 @@ TINY_FLAGS = [
 ]
 
 
-def torchrun_cmd(args: Sequence[str], nproc: int = 2, script: Path = TRAINER) -> list:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+def torchrun_cmd(args: Sequence[str], nproc: int = 2, script: Path = TRAINER, prefix: Sequence[str] = ()) -> list:
+    return [*prefix, sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             str(script), *args]
 
 
@@ -33,12 +33,15 @@ def torchrun_env(timeout_s: float = 60, extra: Optional[Mapping[str, str]] = Non
 
 
 def torchrun(args: Sequence[str], nproc: int = 2, timeout: float = 180, collective_timeout_s: float = 60,
-             script: Path = TRAINER, extra_env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess:
+             script: Path = TRAINER, extra_env: Optional[Mapping[str, str]] = None, prefix: Sequence[str] = (),
+             preexec_fn: Optional[Callable[[], None]] = None) -> subprocess.CompletedProcess:
     """Runs the CLI (or `script`, a wrapper of it) to the end; past `timeout` the whole job
-    (launcher and ranks, its own session) is killed and TimeoutExpired raised."""
-    with subprocess.Popen(torchrun_cmd(args, nproc, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    (launcher and ranks, its own session) is killed and TimeoutExpired raised. `prefix`
+    goes before the command (tests/small_fs.py: a small file system of its own);
+    `preexec_fn` runs in the child before it starts (e.g. a resource limit)."""
+    with subprocess.Popen(torchrun_cmd(args, nproc, script, prefix), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=torchrun_env(collective_timeout_s, extra_env), cwd=REPO,
-                          start_new_session=True) as proc:
+                          start_new_session=True, preexec_fn=preexec_fn) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -59,12 +62,17 @@ def free_port() -> int:
 
 def torchrun_nodes(args: Sequence[str], nnodes: int = 2, nproc: int = 2, timeout: float = 240,
                    collective_timeout_s: float = 60, cwds: Optional[Sequence[Path]] = None,
-                   extra_env: Optional[Mapping[str, str]] = None) -> list:
+                   extra_env: Optional[Mapping[str, str]] = None,
+                   node_args: Optional[Sequence[Sequence[str]]] = None,
+                   prefixes: Optional[Sequence[Sequence[str]]] = None) -> list:
     """`nnodes` torchrun agents on this machine, as on `nnodes` machines: `--nnodes N
     --node_rank i --nproc_per_node nproc`, a static rendezvous on 127.0.0.1 (node 0's agent
     hosts the store). Each agent runs in `cwds[i]` (default: the repo), so a relative path
-    is a different folder on each "node". Returns one CompletedProcess per node; past
-    `timeout` every agent and its ranks are killed and TimeoutExpired raised."""
+    is a different folder on each "node"; `node_args[i]` are appended to node i's trainer
+    arguments (a launch script that builds a flag per node), `prefixes[i]` put before its
+    command (e.g. `unshare --mount ...`: a node with its own view of a folder). Returns one
+    CompletedProcess per node; past `timeout` every agent and its ranks are killed and
+    TimeoutExpired raised."""
     import tempfile
     import time
 
@@ -73,9 +81,10 @@ def torchrun_nodes(args: Sequence[str], nnodes: int = 2, nproc: int = 2, timeout
     procs, logs = [], []
     try:
         for node in range(nnodes):
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node}",
+            cmd = [*(prefixes[node] if prefixes is not None else ()),
+                   sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node}",
                    f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port}",
-                   str(TRAINER), *args]
+                   str(TRAINER), *args, *(node_args[node] if node_args is not None else ())]
             # Files, not pipes: an agent blocked on a full pipe would stall the other's collectives.
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             logs.append((out, err))

@@ -121,7 +121,7 @@ def seeds(scratch: Path) -> Dict[str, Dict[str, bytes]]:
     out: Dict[str, Dict[str, bytes]] = {}
     model = colmap_io.Model(
         cameras={1: colmap_io.Camera(1, "PINHOLE", 4, 4, np.array([3.0, 3.0, 2.0, 2.0])),
-                 2: colmap_io.Camera(2, "OPENCV", 8, 6, np.arange(8, dtype=np.float64))},
+                 2: colmap_io.Camera(2, "OPENCV", 8, 6, np.array([6.0, 6.5, 4, 3, 0.01, -0.002, 0.001, 0.0005]))},
         images={1: colmap_io.Image(1, np.array([1.0, 0, 0, 0]), np.array([0.0, 0, 1]), 1, "a.png"),
                 2: colmap_io.Image(2, np.array([0.9, 0.1, 0, 0]), np.array([1.0, 0, 1]), 2, "b.jpg")},
         points=colmap_io.Points(np.array([1, 2]), np.array([[0.0, 0, 0], [1, 2, 3]]),
