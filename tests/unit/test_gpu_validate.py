@@ -12,11 +12,11 @@ most 8 plain files (what the device returns) with the logs and results packed. T
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -245,3 +245,15 @@ def test_carry_check_stops_over_64_mib_instead_of_dropping_images(tmp_path):
     rc, out = check_carry(root)
     assert rc == 1 and "over 64 MiB" in out and "not dropped to fit" in out
     assert (root / ".gpu_data" / "thermos" / "images" / "input_0001.jpg").is_file()  # nothing was removed
+
+
+def test_setup_check_fails_fast_with_the_reason_without_a_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check would pass")
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_setup_check.py"), str(tmp_path / "m.json")],
+                       capture_output=True, text=True, timeout=120, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 1 and p.stdout.startswith("setup: FAIL GPU: ") and "sees no CUDA device" in p.stdout
+    assert not (tmp_path / "m.json").exists()
