@@ -7,21 +7,30 @@
 #   .gsplat_ext/  gsplat's CUDA extension built ahead of time (scripts/build_gsplat_ext.sh)
 #   .gsplat_peer/ gsplat's own examples/simple_trainer.py + its deps, run as the peer reference by
 #                 benchmarks/gsplat_peer.py (scripts/prepare_gsplat_peer.sh; never committed)
-# and prints the size of what travels; fails when it is over 64 MiB. Idempotent: what is
-# present and current is kept.
+# then checks what travels (check_carry below) and stops, saying why, when the call could not
+# run: over 64 MiB, or thermos' full-resolution images (the thermos trainings read them at
+# --data_factor 1) or another piece the call needs missing. Idempotent: what is present and
+# current is kept.
 #
-# On the device:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-#       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
-#   export DISTSPLAT_GSPLAT_EXT=$PWD/.gsplat_ext DISTSPLAT_DATA=$PWD/.gpu_data
-#   python3 -m distsplat.render.gsplat_ext        # loads the prebuilt ops once
-# with carry: [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"].
+#   bash scripts/gpu_prepare.sh                  # the whole preparation, then the carry check
+#   bash scripts/gpu_prepare.sh --check-sources  # only: are the public sources it builds from here?
+#   bash scripts/gpu_prepare.sh --check-carry    # only: the carry check of the folders as they are
+#
+# The public sources (stored GitHub snapshots, brought with the search tool's `fetch`, into
+# $MIRRORS/<owner>+<name>/): nerfstudio-project/gsplat, rmbrualla/pycolmap,
+# nerfstudio-project/nerfview, rahul-goel/fused-ssim (scripts/prepare_gsplat_peer.sh builds
+# .gsplat_peer from them); the wheels and torch come from PyPI. The whole preparation stops at
+# once, naming the `fetch` calls, when .gsplat_peer must be built and a snapshot is missing.
+#
+# On the device, one call (scripts/gpu_validate.sh's header has the checks and their budget):
+#   command "bash scripts/gpu_validate.sh", carry [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"],
+#   timeout_s 560
 #
 # Environment (defaults): SHARED_DATA (/work/shared/data), PY312 (/root/.pyenv/versions/3.12.1,
-# used to test the install), SKIP_INSTALL_TEST (0), LIMIT_MIB (64), NO_BUILD (0: build the
-# extension when missing or stale), MAKE_TORCH312_SITE (1: install torch 2.11.0+cu130 for
-# Python 3.12 into the cache, ~2.6 GB once: the peer's fused-ssim build and the extension's
-# load test need it; 0: neither runs, and .gsplat_peer is not built).
+# used to test the install), SKIP_INSTALL_TEST (0), LIMIT_MIB (64), MIRRORS (/work/.mirror),
+# NO_BUILD (0: build the extension when missing or stale), MAKE_TORCH312_SITE (1: install torch
+# 2.11.0+cu130 for Python 3.12 into the cache, ~2.6 GB once: the peer's fused-ssim build and the
+# extension's load test need it; 0: neither runs, and .gsplat_peer is not built).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,13 +38,105 @@ cd "$REPO_ROOT"
 SHARED_DATA="${SHARED_DATA:-/work/shared/data}"
 PY312="${PY312:-/root/.pyenv/versions/3.12.1}"
 LIMIT_MIB="${LIMIT_MIB:-64}"
+MIRRORS="${MIRRORS:-/work/.mirror}"
 CARRY=(.whl .gpu_data .gsplat_ext .gsplat_peer)
+SOURCES=(nerfstudio-project/gsplat rmbrualla/pycolmap nerfstudio-project/nerfview rahul-goel/fused-ssim)
 
 die() { echo "gpu_prepare.sh: $*" >&2; exit 1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 bytes_of() { # total bytes of the files under the given paths (missing ones count 0)
     { find "$@" -type f -printf '%s\n' 2>/dev/null || true; } | awk '{ s += $1 } END { print s + 0 }'
 }
+# What files weigh in a tar (a 512-byte header each, data in 512-byte blocks): what travels is
+# counted so, a little over the bytes, so that a carry judged to fit does fit.
+tar_sizes() { awk '{ s += 512 + int(($1 + 511) / 512) * 512 } END { print s + 0 }'; }
+tar_bytes_of() { { find "$@" -type f -printf '%s\n' 2>/dev/null || true; } | tar_sizes; }
+
+# The stored snapshots prepare_gsplat_peer.sh builds .gsplat_peer from: the missing ones, as the
+# `fetch` calls that bring them.
+missing_sources() {
+    local s
+    for s in "${SOURCES[@]}"; do
+        [ -d "$MIRRORS/${s/\//+}/repo" ] || echo "fetch github:$s"
+    done
+}
+peer_current() {  # .gsplat_peer made by this prepare_gsplat_peer.sh (its own test of the same)
+    local key
+    key=$(sha256sum scripts/prepare_gsplat_peer.sh | cut -c1-16)
+    [ -f .gsplat_peer/BUILD.json ] && grep -q "\"builder_key\": \"$key\"" .gsplat_peer/BUILD.json \
+        && ls .gsplat_peer/site/fused_ssim_cuda*.so >/dev/null 2>&1
+}
+
+# ---------------------------------------------------------------------------------------
+# The carry check: what one device call needs, and that it travels (64 MiB: the tracked and
+# untracked-not-ignored files, shared/ where the checkout has one, the carried folders).
+# Stops with every problem listed; never drops anything to make room.
+check_carry() {
+    local problems=() names n total repo shared=0 d
+    # thermos at full resolution (the trainings, --data_factor 1) and halved (count_syncs, images_2)
+    if [ -f .gpu_data/thermos/train.txt ] && [ -f .gpu_data/thermos/test.txt ]; then
+        names=$(cat .gpu_data/thermos/train.txt .gpu_data/thermos/test.txt | tr -d '\r' | grep -v '^$' || true)
+        for d in images images_2; do
+            local missing=() total_names=0
+            while read -r n; do
+                total_names=$((total_names + 1))
+                [ -s ".gpu_data/thermos/$d/$n" ] || missing+=("$n")
+            done <<< "$names"
+            if [ ! -d ".gpu_data/thermos/$d" ]; then
+                problems+=("thermos' $([ $d = images ] && echo 'full-resolution images' || echo 'halved images') are not in the carry: .gpu_data/thermos/$d/ is missing (copy $SHARED_DATA/thermos/$d; the thermos $([ $d = images ] && echo 'trainings read them at --data_factor 1' || echo 'sync count reads them at --data_factor 2'))")
+            elif [ ${#missing[@]} -gt 0 ]; then
+                problems+=("thermos' $d/ lacks ${#missing[@]} of the $total_names images train.txt and test.txt name (first: ${missing[0]})")
+            fi
+        done
+    else
+        problems+=("thermos is not in the carry: .gpu_data/thermos/train.txt or test.txt is missing")
+    fi
+    for f in .gpu_data/thermos/sparse/0/cameras.bin .gpu_data/thermos/sparse/0/images.bin \
+             .gpu_data/thermos/sparse/0/points3D.bin .gpu_data/test_garden.npz .gpu_data/COMMIT \
+             .gsplat_ext/build_info.json .gsplat_peer/BUILD.json .gsplat_peer/examples/simple_trainer.py; do
+        [ -s "$f" ] || problems+=("$f is missing")
+    done
+    ls .gsplat_ext/*.so >/dev/null 2>&1 || problems+=(".gsplat_ext has no .so (scripts/build_gsplat_ext.sh)")
+    ls .gsplat_peer/site/fused_ssim_cuda*.so >/dev/null 2>&1 \
+        || problems+=(".gsplat_peer/site has no fused_ssim_cuda*.so (scripts/prepare_gsplat_peer.sh): without it the call stops at setup")
+    ls .whl/gsplat-*.whl >/dev/null 2>&1 || problems+=(".whl has no gsplat wheel")
+    # the size
+    repo=$(git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | tar_sizes)
+    [ -d shared ] && shared=$(tar_bytes_of shared)
+    echo "== what travels (limit $LIMIT_MIB MiB; each file counted as in a tar):"
+    printf '   %-12s %s\n' "repo" "$(mib "$repo") ($(git ls-files -co --exclude-standard | wc -l) files)"
+    [ -d shared ] && printf '   %-12s %s\n' "shared/" "$(mib "$shared")"
+    total=$((repo + shared))
+    for d in "${CARRY[@]}"; do
+        printf '   %-12s %s\n' "$d" "$(mib "$(tar_bytes_of "$d")")"
+        total=$((total + $(tar_bytes_of "$d")))
+    done
+    printf '   %-12s %s (thermos/images: %s)\n' "total" "$(mib "$total")" "$(mib "$(tar_bytes_of .gpu_data/thermos/images)")"
+    if [ "$total" -gt $((LIMIT_MIB * 1048576)) ]; then
+        problems+=("what travels is $(mib "$total"), over $LIMIT_MIB MiB; thermos' full-resolution images are not dropped to fit (the call's thermos runs need them): make room elsewhere (the largest are listed above)")
+    fi
+    if [ ${#problems[@]} -gt 0 ]; then
+        echo "gpu_prepare.sh: the carry is not ready for the device call:" >&2
+        for p in "${problems[@]}"; do echo "  - $p" >&2; done
+        return 1
+    fi
+    echo "== the carry is ready: $(mib $((LIMIT_MIB * 1048576 - total))) to spare; carry [\".whl\", \".gpu_data\", \".gsplat_ext\", \".gsplat_peer\"]"
+}
+
+case "${1:-}" in
+--check-carry) check_carry; exit $? ;;
+--check-sources)
+    miss=$(missing_sources)
+    if [ -n "$miss" ]; then echo "gpu_prepare.sh: missing stored snapshots in $MIRRORS; bring them with the search tool:"; echo "$miss" | sed 's/^/  /'; exit 1; fi
+    echo "== the public sources are here ($MIRRORS): ${SOURCES[*]}"; exit 0 ;;
+"") ;;
+*) die "unknown argument '$1' (none, --check-carry or --check-sources)" ;;
+esac
+# Fail fast, before any download: .gsplat_peer needs building and its sources are not here.
+if [ "${NO_BUILD:-0}" != 1 ] && [ "${MAKE_TORCH312_SITE:-1}" = 1 ] && ! peer_current; then
+    miss=$(missing_sources)
+    [ -z "$miss" ] || die "$(printf '.gsplat_peer must be built and stored snapshots are missing in %s; bring them first with the search tool:\n%s' "$MIRRORS" "$(echo "$miss" | sed 's/^/  /')")"
+fi
 
 # ---------------------------------------------------------------------------------------
 # 1. Wheels. The device image (/work/.library/device/KINDS.md) has torch 2.11, numpy,
@@ -87,8 +188,8 @@ done
 [ -d "$SHARED_DATA/thermos" ] || die "$SHARED_DATA/thermos not found; set SHARED_DATA"
 mkdir -p .gpu_data/thermos
 cp -u "$SHARED_DATA"/test_garden.* .gpu_data/
-# The downscaled images, the COLMAP model and the split lists are what --data_factor 2 reads.
-for p in images_2 sparse train.txt test.txt SOURCE.md; do
+# The full-resolution and halved images (--data_factor 1 and 2), the COLMAP model, the split lists.
+for p in images images_2 sparse train.txt test.txt SOURCE.md; do
     cp -ru "$SHARED_DATA/thermos/$p" .gpu_data/thermos/
 done
 # The commit the results will be credited to (scripts/gpu_validate.sh reads it; .git does
@@ -150,31 +251,8 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------
-# 4. What travels: tracked + untracked-not-ignored files (+ shared/ if the checkout has
-#    one) + the carried folders.
-repo_bytes() {
-    git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'
-}
-travel_bytes() { echo $(($(repo_bytes) + $(bytes_of "${CARRY[@]}"))); }
-
-# The full-resolution thermos images (~17 MB) travel only when they fit; otherwise runs
-# use --data_factor 2 (images_2).
-img=$(bytes_of "$SHARED_DATA/thermos/images")
-base=$(($(travel_bytes) - $(bytes_of .gpu_data/thermos/images)))
-if [ $((base + img)) -lt $(((LIMIT_MIB - 2) * 1048576)) ]; then
-    cp -ru "$SHARED_DATA/thermos/images" .gpu_data/thermos/
-else
-    rm -rf .gpu_data/thermos/images
-    echo "== thermos/images (full resolution, $(mib "$img")) left out: over the budget; use --data_factor 2"
-fi
-
-echo "== what travels (limit $LIMIT_MIB MiB):"
-printf '   %-12s %s\n' "repo" "$(mib "$(repo_bytes)") ($(git ls-files -co --exclude-standard | wc -l) files)"
-for d in "${CARRY[@]}"; do printf '   %-12s %s\n' "$d" "$(mib "$(bytes_of "$d")")"; done
-total=$(travel_bytes)
-printf '   %-12s %s\n' "total" "$(mib "$total")"
-[ "$total" -le $((LIMIT_MIB * 1048576)) ] \
-    || die "what travels is $(mib "$total"), over $LIMIT_MIB MiB: leave wheels or data out, or carry fewer folders"
+# 4. What travels, and that the call has what it needs (check_carry above): stops here if not.
+check_carry || exit 1
 
 # ---------------------------------------------------------------------------------------
 # 5. The device's install command, tried here with CPython 3.12 (everything but torch).
@@ -215,5 +293,5 @@ print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version_
     fi
     rm -rf "$site"
 fi
-echo "== ready. Device command prefix:"
-echo "   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:\$PWD DISTSPLAT_GSPLAT_EXT=\$PWD/.gsplat_ext DISTSPLAT_DATA=\$PWD/.gpu_data"
+echo "== ready. The device call (the tool's run): command \"bash scripts/gpu_validate.sh\","
+echo "   carry [\".whl\", \".gpu_data\", \".gsplat_ext\", \".gsplat_peer\"], timeout_s 560"
