@@ -8,9 +8,11 @@ run `Trainer.train_step` under torch.profiler and read these ranges, never a cop
     distsplat/payload_exchange  distsplat/rasterize       (distributed_rasterize forward)
     distsplat/payload_exchange_backward                   (its backward)
 
-and three of the benchmarks' own: `bench/step` around each call of train_step,
-`bench/collective` around each collective while ranks take turns (`taking_turns`), and
-`bench/sync`, a mark where count_syncs saw a host sync. A range that a run lacks is reported
+and four of the benchmarks' own: `bench/step` around each call of train_step,
+`bench/collective` around each collective while ranks take turns (`taking_turns`),
+`bench/sync`, a mark where count_syncs saw a host sync, and `bench/staged`, a mark where a
+collective of shared-GPU mode went through host memory (count_syncs' W = 2 case:
+distsplat/distributed/staging.py's to_host, one sync each on CUDA). A range that a run lacks is reported
 as missing (`missing`), never an error: the ranges of the distributed render may not exist in
 every version of it.
 
@@ -55,8 +57,10 @@ EXCHANGE_RANGES = ("distsplat/count_exchange", "distsplat/payload_exchange", "di
 STEP = "bench/step"
 COLLECTIVE = "bench/collective"
 SYNC = "bench/sync"
+STAGED = "bench/staged"
+MARKS = (SYNC, STAGED)  # points in time, not ranges: counted in the leaf around them, never cut one
 TRAINER_RANGES = STEP_RANGES + RENDER_RANGES + BACKWARD_RANGES
-NAMES = frozenset(TRAINER_RANGES + (STEP, COLLECTIVE, SYNC))
+NAMES = frozenset(TRAINER_RANGES + (STEP, COLLECTIVE) + MARKS)
 # The ranges one rank's step marks: at W = 1 the distributed render exchanges nothing.
 EXPECTED = {1: STEP_RANGES + ("distsplat/project", "distsplat/rasterize"), "W>1": TRAINER_RANGES}
 
@@ -118,7 +122,7 @@ def spans_and_ops(prof) -> Tuple[List[Span], List[DeviceOp]]:
 
 def _label(chain: Sequence[Span], t: float, inner: Sequence[Span]) -> str:
     """The leaf name at host time t, from the ranges around it (outermost first)."""
-    names = [s.name for s in chain if s.name not in (STEP, SYNC)]
+    names = [s.name for s in chain if s.name not in (STEP,) + MARKS]
     if not names:
         return "bench/other"
     if names[-1] == COLLECTIVE:
@@ -147,7 +151,7 @@ def analyse(spans: Sequence[Span], ops: Sequence[DeviceOp] = (), kernels: bool =
 
         step_ms, leaves {leaf: ms}, cpu_ms {leaf: ms}, device_ms {leaf: ms},
         ranges {range name: ms of every leaf inside it},
-        collectives {leaf: count}, syncs {leaf: count}, seen [range names],
+        collectives {leaf: count}, syncs {leaf: count}, staged {leaf: count}, seen [range names],
         device_ops (how many were attributed to the step), kernels {leaf: {kernel name: ms}}
         (with kernels=True)
     """
@@ -158,7 +162,7 @@ def analyse(spans: Sequence[Span], ops: Sequence[DeviceOp] = (), kernels: bool =
     carry = float("-inf")  # completion of everything before this step (host or device)
     for step in steps:
         inner = [s for s in spans if s is not step and s.name != STEP and s.start >= step.start and s.end <= step.end]
-        timed = [s for s in inner if s.name != SYNC]
+        timed = [s for s in inner if s.name not in MARKS]
         bounds = sorted({step.start, step.end} | {s.start for s in timed} | {s.end for s in timed})
         leaves: List[Tuple[float, float, str, List[str]]] = []
         for a, b in zip(bounds, bounds[1:]):
@@ -167,7 +171,7 @@ def analyse(spans: Sequence[Span], ops: Sequence[DeviceOp] = (), kernels: bool =
             chain = _around([step] + timed, a, b)
             leaves.append((a, b, _label(chain, a, inner), [s.name for s in chain]))
         rec: Dict[str, Any] = {"leaves": {}, "cpu_ms": {}, "device_ms": {}, "ranges": {}, "collectives": {},
-                               "syncs": {}, "seen": sorted({s.name for s in inner} & set(TRAINER_RANGES))}
+                               "syncs": {}, "staged": {}, "seen": sorted({s.name for s in inner} & set(TRAINER_RANGES))}
         if kernels:
             rec["kernels"] = {}
         c0 = c = max(carry, step.start)
@@ -193,8 +197,8 @@ def analyse(spans: Sequence[Span], ops: Sequence[DeviceOp] = (), kernels: bool =
             for name in dict.fromkeys(n for n in names if n in TRAINER_RANGES):
                 _add(rec["ranges"], name, ms)
         for s in inner:
-            if s.name in (COLLECTIVE, SYNC):
-                key = "collectives" if s.name == COLLECTIVE else "syncs"
+            if s.name in (COLLECTIVE,) + MARKS:
+                key = {COLLECTIVE: "collectives", SYNC: "syncs", STAGED: "staged"}[s.name]
                 outer = [x for x in _around([step] + timed, s.start, s.start) if x is not s]
                 _add(rec[key], _label(outer, s.start, inner), 1)
         rec["step_ms"] = (c - c0) / 1e3

@@ -88,6 +88,25 @@ def test_sync_marks_are_counted_in_their_range():
     assert sum(rec["leaves"].values()) == pytest.approx(0.2)
 
 
+def test_staged_marks_are_counted_apart_from_syncs_and_cut_no_leaf():
+    """count_syncs' W = 2 case: a staged collective's host transfer (bench/staged) is also a sync
+    (bench/sync); the two are counted side by side, per leaf, and neither splits a leaf."""
+    spans = _step(0, [("train/render", 400), ("train/backward", 300)])
+    spans += [S("distsplat/count_exchange", 100, 200), S("distsplat/payload_exchange", 250, 350),
+              S("distsplat/payload_exchange_backward", 500, 600)]
+    for t in (150, 300, 550):  # each staged transfer syncs
+        spans += [S(sr.STAGED, t, t), S(sr.SYNC, t, t)]
+    spans += [S(sr.SYNC, 650, 650)]  # a sync of its own (a host read after the exchange)
+    (rec,) = sr.analyse(spans)
+    assert rec["staged"] == {"distsplat/count_exchange": 1, "distsplat/payload_exchange": 1,
+                             "distsplat/payload_exchange_backward": 1}
+    assert rec["syncs"] == {**rec["staged"], "train/backward:after_exchange": 1}
+    assert set(rec["leaves"]) == {"distsplat/count_exchange", "distsplat/payload_exchange", "train/render:other",
+                                  "train/backward:before_exchange", "distsplat/payload_exchange_backward",
+                                  "train/backward:after_exchange"}
+    assert rec["leaves"]["distsplat/payload_exchange"] == pytest.approx(0.1)
+
+
 def _tiny_trainer():
     from distsplat.distributed import init_distributed
     from distsplat.train.config import Config, SyntheticConfig
