@@ -21,8 +21,10 @@
 #   setup                  60     0     ~15   no record: the carried wheels' install, then one import of torch,
 #                                             fused-ssim and the prebuilt gsplat .so (fails fast, with the reason)
 #   tests                  75    40      36   tests_cuda.json "seconds" 36.29 (tests/cuda, 46 passed, no skip)
-#   syncs                  60    30     ~50   host_syncs_cuda.json: 29 s after tests_cuda.json in the same call;
+#   syncs                  80    30     ~70   host_syncs_cuda.json: 29 s after tests_cuda.json in the same call;
 #                                             now + gsplat's own step in a process of its own (~20 s: see peer_*)
+#                                             + the shared-GPU W = 2 step: 2 rank processes, each its own setup
+#                                             (~20 s, estimate: W = 1's setup and steps in the 29 s above)
 #   default_7k            140   100     105   runs/default_thermos_7000{,_rerun}.json launch_to_exit_s 99 and 110
 #   peer_default          110    90     ~92   gsplat_peer_default.json wall_seconds 74.7, + ~17 s of process start
 #                                             (gsplat_peer_mcmc.json: 95 s between its date and the run before it,
@@ -34,7 +36,7 @@
 #   vs_gsplat              30    10       8   vs_gsplat_cuda.json: 8 s after host_syncs_cuda.json
 #   step_vs_garden        120    80     ~90   not run yet: the 1.1M-Gaussian garden capture written, both trainers'
 #                                             setup with k-NN on 1.1M points, 70 steps each
-#   --- core: expected 496 s of DEADLINE_S 540 less RESERVE_S 15; what follows runs only if time is left
+#   --- core: expected 516 s of DEADLINE_S 540 less RESERVE_S 15; what follows runs only if time is left
 #   peer_default_reset    110    90     ~92   as peer_default (gsplat's trainer with its opacity reset repaired)
 #   profile               140   120    ~130   profile_gpu_cuda.json: 130 s after mcmc_thermos_7000.json's date
 #   mcmc_7k               150   110     110   runs/mcmc_thermos_7000{,_rerun}.json launch_to_exit_s 104 and 117
@@ -73,7 +75,7 @@ ROOT=$PWD
 BUDGET="
 setup                  60     0    15  core
 tests                  75    40    36  core
-syncs                  60    30    50  core
+syncs                  80    30    70  core
 default_7k            140   100   105  core
 peer_default          110    90    92  core
 scaling               110    45    60  core
@@ -303,9 +305,9 @@ run_check() {
         detail "$(last_line '[0-9]+ (passed|failed|errors?)' tests)"
         detail "$("$HOST_PY" scripts/gpu_records.py tests "$LOGS/tests_cuda.xml" "$BENCH_RESULTS/tests_cuda.json" 2>&1)"
         publish ;;
-    syncs)  # host syncs of the trainer's step (W = 1) and of gsplat's own trainer's step
+    syncs)  # host syncs of the trainer's step (W = 1, then W = 2 sharing the GPU) and of gsplat's trainer's step
         grant syncs || return 1
-        run syncs env PEER_TIMEOUT_S="$(sub 15)" "$PY" benchmarks/count_syncs.py
+        run syncs env PEER_TIMEOUT_S="$(sub 35)" TIME_LIMIT_S="$(sub 5)" "$PY" benchmarks/count_syncs.py
         detail "$(last_line '^host syncs' syncs)" ;;
     default_7k) train default_7k default ;;
     mcmc_7k) train mcmc_7k mcmc ;;

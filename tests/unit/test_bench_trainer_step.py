@@ -111,10 +111,30 @@ def _run(script, env, tmp_path, *args, timeout=240):
 
 
 def test_count_syncs_dry_run(tmp_path):
+    """W = 1, gsplat's step (a stand-in) and W = 2 (two gloo CPU ranks walking the staged path of
+    shared-GPU mode): no sync is reported on a CPU, but the staged transfers are marked in their
+    ranges, and distsplat's own counter leaves the one an NCCL run makes (the count transfer)."""
     out = _run("count_syncs.py", {"DRY_RUN": "1", "WARMUP": "1"}, tmp_path)
-    assert "host syncs per step: trainer 0, ours_render 0, gsplat_step 0" in out
+    assert "host syncs per step: trainer 0, ours_render 0, gsplat_step 0, shared_gpu_w2 [0, 0] per rank " \
+           "(of which staged by design [3, 3]: NCCL-equivalent [1, 1] by distsplat)" in out
     d = json.loads((tmp_path / "host_syncs_dry.json").read_text())
     assert d["syncs"]["trainer"]["by_range"] == {} and "DRY RUN" in d["syncs"]["gsplat_step"]["what"]
+    assert d["syncs"]["trainer"]["distsplat_host_syncs"] == 0  # W = 1: nothing to exchange
+    w2 = d["syncs"]["shared_gpu_w2"]
+    assert w2["context"] == {"device": "cpu", "backend": "gloo", "shared_gpu": False, "staged": True,
+                             "staging_forced": True}
+    assert [r["rank"] for r in w2["ranks"]] == [0, 1]
+    assert w2["staged"] == w2["distsplat_host_syncs"] == [4, 4] and w2["staged_extra"] == [3, 3]
+    assert w2["nccl_equivalent"] == [None, None] and w2["distsplat_nccl_equivalent"] == [1, 1]
+    for r in w2["ranks"]:
+        assert r["count"] == 0 and r["ranges_missing"] == []
+        # forward: the count exchange (NCCL has it too) and the payload; backward: the payload's
+        # gradient; the divergence check's all-reduce
+        assert r["staged"]["by_range"] == {"distsplat/count_exchange": 1, "distsplat/payload_exchange": 1,
+                                           "distsplat/payload_exchange_backward": 1, "train/divergence": 1}
+        assert r["staged_extra"]["by_range"] == {k: 1 for k in ("distsplat/payload_exchange",
+                                                                "distsplat/payload_exchange_backward",
+                                                                "train/divergence")}
 
 
 def test_profile_gpu_dry_run(tmp_path):

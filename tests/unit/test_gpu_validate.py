@@ -110,7 +110,7 @@ def test_dry_call_runs_every_check_in_order_cuts_a_hung_one_and_packs_out(tmp_pa
     assert [n for _, n, _ in st] == [r[0] for r in rows], summary
     by = {n: (s, how) for s, n, how in st}
     assert by["syncs"][0] == "FAIL" and "cut at its limit" in by["syncs"][1]
-    assert f"limit {60 * scale:.2f} s" in by["syncs"][1]
+    assert f"limit {dict((r[0], r[1]) for r in rows)['syncs'] * scale:.2f} s" in by["syncs"][1]
     assert by["vs_gsplat"][0] == "FAIL" and "exit 1" in by["vs_gsplat"][1]
     assert all(s == "PASS" for n, (s, _) in by.items() if n not in ("syncs", "vs_gsplat")), summary
     assert rc == 1
@@ -141,6 +141,8 @@ def test_dry_call_runs_every_check_in_order_cuts_a_hung_one_and_packs_out(tmp_pa
     scaling = logs["logs/scaling.log"].decode()
     assert "env WS=1,4" in scaling and "env BATCHES=1,4" in scaling and "env SCALING_STEPS=10" in scaling
     assert "env DISTSPLAT_FAIL_ON_SKIP=1" in logs["logs/tests.log"].decode()
+    syncs = logs["logs/syncs.log"].decode()  # its W = 2 ranks get what is left of its limit
+    assert "env TIME_LIMIT_S=" in syncs and "env PEER_TIMEOUT_S=" in syncs
     assert "env PEER_RESET=1" in logs["logs/peer_default_reset.log"].decode()
 
 
