@@ -32,6 +32,16 @@ in kind. Links are priced from stated figures (LINKS, each with its source). Mod
            + sum over directions of the busiest rank's bytes / bandwidth
     speedup(W) = W * T(1) / T(W)      (per-rank batch fixed: W times the images per step)
 
+Per configuration also the slowest rank two ways (`makespans`): the makespan of the ranks'
+median segments, and the mean over steps of each step's makespan (what T(W) uses), with their
+ratio (`imbalance`: how much the slowest rank changes from step to step).
+
+The configurations (W, per-rank batch) run one at a time in a seeded shuffle (SCALING_ORDER_SEED;
+the order planned and run is in the JSON), each W > 1 in rank processes of its own: clocks that
+settle over the run favour no W. Past TIME_LIMIT_S no W > 1 starts, but every W = 1 still runs
+(every speedup divides by it; it runs in this process); `speedups_missing` names the speedups
+that could not be computed.
+
 collectives and host syncs are those the ranks' steps made (the count exchange, the payload
 both ways, the divergence check's all-reduce; each collective outside the render is read on
 the host); pairs and bytes come from the render's meta["comm"]. The same accounting is done
@@ -51,14 +61,15 @@ setup (`SetupMemo`), which otherwise would read and k-NN a million points per ra
     PYTHONPATH=$PWD python benchmarks/scaling_gpu.py
 Environment: SMALL=1 (a dry run: SMALL_SIZE="20000,128,96" Gaussians,width,height), WS (1,2,4,8),
 BATCHES (1,4), SCALING_WARMUP (3), SCALING_STEPS (20; prefixed so that a training's STEPS in
-the same shell does not leak in), TIME_LIMIT_S (200: past it, no new W starts and what is
-measured is written), REPLICAS (8: copies of test_garden's points), SCENE (a COLMAP folder
-instead of the garden scene), DATA_FACTOR (1, with SCENE), DISTSPLAT_DATA (the folder with
+the same shell does not leak in), SCALING_ORDER_SEED (0: the configurations' shuffle),
+TIME_LIMIT_S (200: past it, no W > 1 configuration starts; W = 1 ones still do), REPLICAS (8:
+copies of test_garden's points), SCENE (a COLMAP folder instead of the garden scene),
+DATA_FACTOR (1, with SCENE), DISTSPLAT_DATA (the folder with
 test_garden.npz; default /work/shared/data), SCALING_SELF_CHECK=1 (each rank also runs the same
 steps by Trainer.train_step alone and says whether it ends with the same parameters: a CPU
 check, as CUDA kernels need not repeat bit for bit). Runs on a CPU too (the torch backend, gloo:
 the plumbing; its numbers are no GPU prediction). Writes benchmarks/results/scaling_gpu.json
-(scaling_gpu_small.json with SMALL=1) after every W; prints one summary line.
+(scaling_gpu_small.json with SMALL=1) after every configuration; prints one summary line.
 """
 
 from __future__ import annotations
@@ -628,11 +639,37 @@ def summarize(records: List[Dict[str, Any]], W: int, b: int) -> Dict[str, Any]:
     # Step times: the MEAN over the timed steps (throughput is images over total time; the
     # batch's cameras, hence the rasterization load, change from step to step).
     out["compute_only_step_ms"] = statistics.mean(model_step(rec, None)["step_ms"] for rec in records)
+    out.update(makespans(records))
     for system in ("ours", "gsplat"):
         out["predicted"][system] = {
             name: {k: round(statistics.mean(model_step(rec, link, system)[k] for rec in records), 4)
                    for k in ("compute_ms", "exchange_ms", "step_ms")}
             for name, link in LINKS.items()}
+    return out
+
+
+def makespans(records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The slowest rank's time two ways: `makespan_of_medians_ms`, T(W)'s compute with each
+    rank's median segments (max_r med(A + C) + max_r med(B)); `mean_of_step_makespans_ms`,
+    the mean over steps of that step's T(W) compute (= compute_only_step_ms). Their ratio
+    `imbalance` >= 1 by how much the slowest rank changes from step to step (and, at W = 1, how
+    a mean exceeds a median). `own_step`: the same of each rank's own step time (its step less
+    the time in collectives, i.e. the other ranks' turns)."""
+    W = len(records[0]["stages_ms"])
+    med = statistics.median
+    ac = [[segment(rec["stages_ms"][r], "A") + segment(rec["stages_ms"][r], "C") for r in range(W)]
+          for rec in records]  # [steps][W]
+    b = [[segment(rec["stages_ms"][r], "B") for r in range(W)] for rec in records]
+    own = [[rec["step_ms"][r] - rec["stages_ms"][r].get("collective", 0.0) for r in range(W)] for rec in records]
+
+    def two(of_medians: float, mean_of_steps: float, prefix: str = "") -> Dict[str, float]:
+        return {f"{prefix}makespan_of_medians_ms": round(of_medians, 4),
+                f"{prefix}mean_of_step_makespans_ms": round(mean_of_steps, 4),
+                f"{prefix}imbalance": round(mean_of_steps / of_medians, 4) if of_medians > 0 else None}
+
+    of_medians = max(med(s[r] for s in ac) for r in range(W)) + max(med(s[r] for s in b) for r in range(W))
+    out: Dict[str, Any] = two(of_medians, statistics.mean(max(x) + max(y) for x, y in zip(ac, b)))
+    out["own_step"] = two(max(med(s[r] for s in own) for r in range(W)), statistics.mean(max(s) for s in own))
     return out
 
 
@@ -665,12 +702,30 @@ def commit_fallback() -> None:
                 return
 
 
-def world_order(ws: List[int]) -> List[int]:
-    """W = 1 first (every speed-up divides by it), then W = 4 (the headline), the rest in a
-    seeded shuffle: clocks that settle over the run then do not favour whichever comes last."""
-    rest = [W for W in ws if W not in (1, 4)]
-    random.Random(int(os.environ.get("SCALING_ORDER_SEED", 0))).shuffle(rest)
-    return [W for W in ws if W == 1] + [W for W in ws if W == 4] + rest
+def config_order(ws: List[int], batches: List[int], seed: int) -> List[Tuple[int, int]]:
+    """Every (W, per-rank batch) in a seeded shuffle: clocks that settle over the run, caches
+    and allocators that warm up, do not favour whichever configurations come last."""
+    configs = [(W, b) for W in ws for b in batches]
+    random.Random(seed).shuffle(configs)
+    return configs
+
+
+def runs_now(W: int, elapsed_s: float, limit_s: float) -> bool:
+    """Whether configuration W starts: W = 1 always (every speedup divides by it, and it runs
+    in this process: no rank processes to start), any other W only before TIME_LIMIT_S."""
+    return W == 1 or elapsed_s <= limit_s
+
+
+def speedups_missing(rows: List[Dict[str, Any]], ws: List[int], batches: List[int]) -> List[str]:
+    """Per W > 1 and batch asked for, why its speedup could not be computed (none: all were)."""
+    done = {(r["W"], r["batch_per_rank"]) for r in rows}
+    out = []
+    for b in batches:
+        for W in ws:
+            why = [f"no W={w} b={b} row" for w in dict.fromkeys((W, 1)) if (w, b) not in done]
+            if W > 1 and why:
+                out.append(f"W={W} b={b}: " + " and ".join(why))
+    return out
 
 
 def main() -> None:
@@ -682,6 +737,7 @@ def main() -> None:
     ws, batches = env_list("WS", "1,2,4,8"), env_list("BATCHES", "1,4")
     warmup, steps = int(os.environ.get("SCALING_WARMUP", 3)), int(os.environ.get("SCALING_STEPS", 20))
     limit = float(os.environ.get("TIME_LIMIT_S", 200))
+    seed = int(os.environ.get("SCALING_ORDER_SEED", 0))
     if device.type == "cuda":
         from distsplat.render.gsplat_ext import ensure_gsplat_ops
 
@@ -702,17 +758,19 @@ def main() -> None:
                            "check_plain": os.environ.get("SCALING_SELF_CHECK") == "1"}
     rows: List[Dict[str, Any]] = []
     truncated: List[str] = []
-    info: Dict[str, Any] = {}
+    order = config_order(ws, batches, seed)
+    info: Dict[str, Any] = {"order": {"seed": seed, "planned": [list(c) for c in order], "ran": []}}
     name = "scaling_gpu_small" if small else "scaling_gpu"
     path = None
 
     def write() -> Path:
         add_speedups(rows)
+        info["speedups_missing"] = speedups_missing(rows, ws, batches)
         return write_result(name, payload(describe, rows, device, warmup, steps, setup_s, truncated, small, info))
 
-    for W in world_order(ws):
-        if time.perf_counter() - T_START > limit:
-            truncated.append(f"W={W}: skipped, past TIME_LIMIT_S={limit:g}")
+    for W, b in order:
+        if not runs_now(W, time.perf_counter() - T_START, limit):
+            truncated.append(f"W={W} b={b}: skipped, past TIME_LIMIT_S={limit:g}")
             continue
         if W > 1 and not isinstance(job["memo"], str):  # the ranks read the memo from a file
             if memo.scene is None:  # no W = 1 run filled it: one setup does
@@ -721,38 +779,48 @@ def main() -> None:
             memo.save(memo_path)
             job["memo"] = str(memo_path)
         t1 = time.perf_counter()
-        ranks = run_world(W, job)
+        ranks = run_world(W, {**job, "batches": [b]})
         wall = round(time.perf_counter() - t1, 2)
+        info["order"]["ran"].append([W, b])
         if device.type == "cuda" and W == 1:
             info["max_memory_allocated_GiB_W1"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             gc.collect()
             torch.cuda.empty_cache()  # the W > 1 rank processes get the device's memory
-        setup_s[f"W{W}_s"] = wall
-        for i, b in enumerate(batches):
-            per_rank = [r[i] for r in ranks]
-            info.setdefault("gaussians", per_rank[0]["n_all"])
-            info.setdefault("ssim_impl", per_rank[0]["ssim_impl"])
-            info.setdefault("image", per_rank[0]["image"])
-            records = step_records(per_rank, b)
-            if not records:
-                continue
-            row = summarize(records, W, b)
-            row["ranges_missing"] = sr.missing([s for r in per_rank for s in r["steps"]], sr.expected(W))
-            row["gaussians_per_rank"] = [r["gaussians"] for r in per_rank]
-            if job["check_plain"]:
-                row["same_as_plain_trainer"] = [r["same_as_plain_trainer"] for r in per_rank]
-            if device.type == "cuda" and not all(s["device_ops"] for r in per_rank for s in r["steps"]):
-                row["device_trace_missing"] = ("the profiler recorded no kernels in some rank's steps: those times "
-                                               "are the host's only")
-            row["wall_s_all_batches"] = wall
-            rows.append(row)
-            p = row["predicted"]["ours"]["nvlink_h100"]
-            print(f"W={W} b={b}: compute {row['compute_only_step_ms']:.1f} ms, NVLink step {p['step_ms']:.1f} ms"
-                  f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent"
-                  + (f"; ranges missing: {', '.join(row['ranges_missing'])}" if row["ranges_missing"] else ""),
-                  flush=True)
+        setup_s[f"W{W}_b{b}_s"] = wall
+        per_rank = [r[0] for r in ranks]
+        info.setdefault("gaussians", per_rank[0]["n_all"])
+        info.setdefault("ssim_impl", per_rank[0]["ssim_impl"])
+        info.setdefault("image", per_rank[0]["image"])
+        records = step_records(per_rank, b)
+        if not records:
+            truncated.append(f"W={W} b={b}: no timed step recorded")
+            path = write()
+            continue
+        row = summarize(records, W, b)
+        row["ranges_missing"] = sr.missing([s for r in per_rank for s in r["steps"]], sr.expected(W))
+        row["gaussians_per_rank"] = [r["gaussians"] for r in per_rank]
+        if job["check_plain"]:
+            row["same_as_plain_trainer"] = [r["same_as_plain_trainer"] for r in per_rank]
+        if device.type == "cuda" and not all(s["device_ops"] for r in per_rank for s in r["steps"]):
+            row["device_trace_missing"] = ("the profiler recorded no kernels in some rank's steps: those times "
+                                           "are the host's only")
+        row["wall_s"] = wall
+        row["position_in_run"] = len(info["order"]["ran"])
+        rows.append(row)
+        p = row["predicted"]["ours"]["nvlink_h100"]
+        print(f"W={W} b={b}: compute {row['compute_only_step_ms']:.1f} ms, NVLink step {p['step_ms']:.1f} ms"
+              f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent; makespan of "
+              f"medians {row['makespan_of_medians_ms']:.2f} ms, mean of step makespans "
+              f"{row['mean_of_step_makespans_ms']:.2f} ms (x{row['imbalance']:.3f})"
+              + (f"; ranges missing: {', '.join(row['ranges_missing'])}" if row["ranges_missing"] else ""),
+              flush=True)
         path = write()
     path = write()
+    print(summary_line(rows, batches, info, device, truncated, path))
+
+
+def summary_line(rows: List[Dict[str, Any]], batches: List[int], info: Dict[str, Any], device: torch.device,
+                 truncated: List[str], path: Path) -> str:
     by = {(r["W"], r["batch_per_rank"]): r for r in rows}
     parts = []
     for b in batches:
@@ -761,11 +829,18 @@ def main() -> None:
             parts.append(f"4-rank b={b}: ours {r4['predicted']['ours']['nvlink_h100']['speedup']:.2f}x NVLink / "
                          f"{r4['predicted']['ours']['pcie4']['speedup']:.2f}x PCIe4, gsplat "
                          f"{r4['predicted']['gsplat']['nvlink_h100']['speedup']:.2f}x NVLink")
+    spans = ", ".join(f"W{r['W']}b{r['batch_per_rank']} {r['makespan_of_medians_ms']:.2f}/"
+                      f"{r['mean_of_step_makespans_ms']:.2f}={r['imbalance']:.3f}"
+                      for r in sorted(rows, key=lambda r: (r["batch_per_rank"], r["W"])))
     missing = sorted({m for r in rows if r["W"] > 1 for m in r["ranges_missing"]})
-    print(f"scaling_gpu ({device.type}, {info.get('gaussians')} Gaussians, loss SSIM {info.get('ssim_impl')}): "
-          + ("; ".join(parts) or "no W=4 row") + " (predicted from the trainer's step, timed by range) in "
-          f"{time.perf_counter() - T_START:.0f} s" + (f", RANGES MISSING {missing}" if missing else "")
-          + (f", TRUNCATED {truncated}" if truncated else "") + f" -> {path}")
+    return (f"scaling_gpu ({device.type}, {info.get('gaussians')} Gaussians, loss SSIM {info.get('ssim_impl')}): "
+            + ("; ".join(parts) or "no W=4 row") + " (predicted from the trainer's step, timed by range); "
+            f"makespan of medians / mean of step makespans = ratio (ms): {spans or 'none'}; order (seed "
+            f"{info['order']['seed']}) " + " ".join(f"W{W}b{b}" for W, b in info["order"]["ran"])
+            + f" in {time.perf_counter() - T_START:.0f} s" + (f", RANGES MISSING {missing}" if missing else "")
+            + (f", TRUNCATED {truncated}" if truncated else "")
+            + (f", SPEEDUPS MISSING {info['speedups_missing']}" if info.get("speedups_missing") else "")
+            + f" -> {path}")
 
 
 def run_memo_setup(memo: SetupMemo, job: Dict[str, Any], device: torch.device) -> None:
@@ -825,6 +900,8 @@ def payload(describe, rows, device, warmup, steps, setup_s, truncated, small, in
         "memory": {k: v for k, v in info.items() if k.startswith("max_memory")},
         "elapsed_s": round(time.perf_counter() - T_START, 1),
         "truncated": truncated,
+        "order": info.get("order"),
+        "speedups_missing": info.get("speedups_missing", []),
         "stages": [k for k in STAGES if any(k in s for r in rows for s in r["per_rank_ms"])],
         "timing": ("Each rank's Trainer.train_step under torch.profiler, per range (benchmarks/step_ranges.py: a "
                    "leaf's time is how much later the step completes because of it, host launch gaps included), "
@@ -842,6 +919,14 @@ def payload(describe, rows, device, warmup, steps, setup_s, truncated, small, in
                          "sync for the counts and for each collective outside the render"),
             "speedup": ("W * T(1) / T(W) at a fixed per-rank batch (throughput, images/s); T = the mean over "
                         "the timed steps of each step's prediction"),
+            "makespans": ("per configuration: makespan_of_medians_ms = max_r med(A + C) + max_r med(B) (each "
+                          "rank's median segments); mean_of_step_makespans_ms = the mean over the steps of each "
+                          "step's max_r(A + C) + max_r(B) (= compute_only_step_ms, what the speedup uses); "
+                          "imbalance = their ratio; own_step: the same of each rank's step less its collectives"),
+            "order": ("the configurations (W, per-rank batch) run one by one in a seeded shuffle (order.seed, "
+                      "SCALING_ORDER_SEED), each in rank processes of its own at W > 1; past TIME_LIMIT_S no W > 1 "
+                      "starts, every W = 1 still runs (the speedups divide by it); speedups_missing names those "
+                      "that could not be computed"),
         },
         "ours": OURS, "gsplat": GSPLAT, "links": LINKS, "anchors": ANCHORS,
         "side_by_side": side_by_side(rows),

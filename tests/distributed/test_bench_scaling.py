@@ -28,14 +28,23 @@ def test_scaling_gpu_small_run_two_ranks_take_turns_and_step_as_the_trainer(tmp_
     d = json.loads((tmp_path / "scaling_gpu_small.json").read_text())
     rows = {r["W"]: r for r in d["results"]}
     assert set(rows) == {1, 2}
+    # the configurations in their seeded shuffle, as run; both makespans per row, in the summary line too
+    from benchmarks import scaling_gpu as sg
+
+    assert d["order"]["ran"] == d["order"]["planned"] == [list(c) for c in sg.config_order([1, 2], [1], 0)]
+    assert d["speedups_missing"] == [] and d["truncated"] == []
+    summary = p.stdout.strip().splitlines()[-1]
+    for r in rows.values():
+        assert 0 < r["makespan_of_medians_ms"] and r["mean_of_step_makespans_ms"] == pytest.approx(
+            r["compute_only_step_ms"], abs=1e-3)
+        assert r["imbalance"] == pytest.approx(r["mean_of_step_makespans_ms"] / r["makespan_of_medians_ms"], rel=1e-3)
+        assert f"W{r['W']}b1 {r['makespan_of_medians_ms']:.2f}/{r['mean_of_step_makespans_ms']:.2f}" in summary
     assert rows[1]["same_as_plain_trainer"] == [True] and rows[2]["same_as_plain_trainer"] == [True, True]
     two = rows[2]
     assert len(two["per_rank_ms"]) == 2 and all(s["A"] > 0 and s["B"] > 0 and s["C"] > 0 for s in two["per_rank_ms"])
     assert sum(two["bytes_sent"]) > 0 and "speedup" in two["predicted"]["ours"]["nvlink_h100"]
     # the render's collectives (under its ranges, or train/render / train/backward before it marks them:
     # exchanges) and the step's others (the divergence check's all-reduce: each read on the host)
-    from benchmarks import scaling_gpu as sg
-
     for c in two["collectives_last_step"]:
         render = sum(v for k, v in c.items() if k.startswith(sg.RENDER_LEAVES))
         assert render >= 3 and c == two["collectives_last_step"][0]
@@ -44,5 +53,7 @@ def test_scaling_gpu_small_run_two_ranks_take_turns_and_step_as_the_trainer(tmp_
     from benchmarks import make_report
 
     d["_stale"] = False
-    assert "GPU-timed scaling prediction" in make_report.section_gpu_model(d)
+    section = make_report.section_gpu_model(d)
+    assert "GPU-timed scaling prediction" in section and "makespan of medians ms" in section
+    assert "Order (seed 0): " in section
     assert "2-GPU speedup" in make_report.gpu_headline(d)

@@ -1,6 +1,8 @@
 """scaling_gpu.py's model arithmetic and camera construction (CPU only, no timing): the
-GPU-timed prediction is only as good as these few formulas. Its runs of the trainer's step
-are checked in test_bench_trainer_step.py."""
+GPU-timed prediction is only as good as these few formulas. Then its loop with the rank runs
+stood in: the configurations' shuffled order, the time limit (W = 1 always runs) and both
+makespans in the JSON and the summary line. Its runs of the trainer's step are checked in
+test_bench_trainer_step.py and tests/distributed/test_bench_scaling.py."""
 
 import math
 
@@ -104,3 +106,108 @@ def test_perturbed_cameras_keep_their_centres_and_rotations():
         np.testing.assert_allclose(centre, centre0, atol=1e-5)
         angle = math.degrees(math.acos(np.clip((np.trace(R @ b[:3, :3].T) - 1) / 2, -1, 1)))
         assert 0 < angle <= 16 + 1e-3  # yaw, pitch each within 8 deg: the angles add at most
+
+
+def test_every_configuration_is_shuffled_by_its_seed():
+    ws, batches = [1, 2, 4, 8], [1, 4]
+    every = [(W, b) for W in ws for b in batches]
+    orders = {seed: sg.config_order(ws, batches, seed) for seed in range(5)}
+    for seed, order in orders.items():
+        assert sorted(order) == sorted(every) and order == sg.config_order(ws, batches, seed)
+    assert len({tuple(o) for o in orders.values()}) > 1
+    assert any(o[0][0] != 1 for o in orders.values()), "W = 1 is shuffled with the rest, not run first"
+
+
+def test_past_the_time_limit_only_w1_starts_and_the_speedups_it_cut_are_named():
+    assert sg.runs_now(4, 10.0, 20.0) and not sg.runs_now(4, 21.0, 20.0)
+    assert sg.runs_now(1, 1e9, 20.0)  # every speedup divides by W = 1
+    rows = [{"W": 1, "batch_per_rank": 1}, {"W": 4, "batch_per_rank": 1}, {"W": 4, "batch_per_rank": 4}]
+    assert sg.speedups_missing(rows, [1, 4], [1, 4]) == ["W=4 b=4: no W=1 b=4 row"]
+    assert sg.speedups_missing(rows[:1], [1, 2, 4], [1, 4]) == [
+        "W=2 b=1: no W=2 b=1 row", "W=4 b=1: no W=4 b=1 row", "W=2 b=4: no W=2 b=4 row and no W=1 b=4 row",
+        "W=4 b=4: no W=4 b=4 row and no W=1 b=4 row"]
+    assert sg.speedups_missing(rows + [{"W": 1, "batch_per_rank": 4}], [1, 4], [1, 4]) == []
+
+
+def _steps(*per_step):
+    """Records of steps, each [(A, B, C, own step, collective ms) per rank]."""
+    return [{"stages_ms": [{"train/batch": a, "distsplat/rasterize": b, "train/optimizer": c, "collective": x}
+                           for a, b, c, _, x in ranks],
+             "step_ms": [own + x for _, _, _, own, x in ranks]} for ranks in per_step]
+
+
+def test_makespan_of_medians_and_mean_of_step_makespans():
+    # rank 0 slow in step 1, rank 1 in steps 2 and 3: every rank's medians are small, the steps' makespans not
+    recs = _steps([(1, 10, 1, 12, 50), (1, 4, 1, 6, 60)],
+                  [(1, 4, 1, 6, 50), (1, 10, 1, 12, 60)],
+                  [(1, 4, 1, 6, 50), (3, 10, 1, 14, 60)])
+    got = sg.makespans(recs)
+    # max_r med(A + C) = max(2, 2) and max_r med(B) = max(4, 10); per step: 2+10, 2+10, 4+10
+    assert got["makespan_of_medians_ms"] == pytest.approx(12)
+    assert got["mean_of_step_makespans_ms"] == pytest.approx((12 + 12 + 14) / 3, abs=1e-4)  # rounded to 0.1 us
+    assert got["imbalance"] == pytest.approx((38 / 3) / 12, abs=1e-4)
+    # own step (collectives taken out): medians 6 and 12; per step 12, 12, 14
+    assert got["own_step"]["makespan_of_medians_ms"] == pytest.approx(12)
+    assert got["own_step"]["mean_of_step_makespans_ms"] == pytest.approx(38 / 3, abs=1e-4)
+    # the mean of the steps' makespans is the compute-only step the speedup uses
+    assert got["mean_of_step_makespans_ms"] == pytest.approx(
+        sum(sg.model_step(r, None)["step_ms"] for r in recs) / 3, abs=1e-4)
+
+
+def _fake_world(calls):
+    """run_world's stand-in: W ranks' results of the one batch asked, 3 steps each."""
+    from benchmarks import step_ranges as sr
+
+    def run_world(W, job):
+        (b,) = job["batches"]
+        calls.append((W, b))
+        step = {"leaves": {"train/batch": 1.0 * b, "distsplat/rasterize": 2.0 * b, "train/optimizer": 1.0},
+                "step_ms": 4.0 * b, "collectives": {}, "seen": list(sr.expected(W)), "device_ops": 0,
+                "comm": {"pairs_projected": 10, "pairs_sent": 5, "pairs_received": 5, "pairs_rendered": 10,
+                         "bytes_per_pair": 52}}
+        return [[{"batch": b, "rank": r, "gaussians": 100 // W, "n_all": 100, "image": [8, 6], "ssim_impl": "torch",
+                  "steps": [dict(step) for _ in range(3)]}] for r in range(W)]
+
+    return run_world
+
+
+@pytest.mark.parametrize("limit", ["1e9", "-1"], ids=["in_time", "past_the_limit"])
+def test_main_runs_the_configurations_in_their_shuffled_order_and_reports_both_makespans(
+        tmp_path, monkeypatch, capsys, limit):
+    """scaling_gpu.main's loop with the rank runs stood in (no trainer): the order run and recorded,
+    per row both makespans and their ratio, in the JSON and the summary line; past TIME_LIMIT_S
+    only the W = 1 configurations run, and the speedups that need the others are named."""
+    import json
+
+    from benchmarks import common
+
+    calls = []
+    monkeypatch.setattr(sg, "run_world", _fake_world(calls))
+    monkeypatch.setattr(sg, "run_memo_setup", lambda memo, job, device: setattr(memo, "scene", "scene"))
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "scene").mkdir()
+    for k, v in {"SCENE": str(tmp_path / "scene"), "WS": "1,2", "BATCHES": "1,4", "SCALING_ORDER_SEED": "3",
+                 "TIME_LIMIT_S": limit}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SMALL", raising=False)
+    sg.main()
+    d = json.loads((tmp_path / "scaling_gpu.json").read_text())
+    planned = [tuple(c) for c in d["order"]["planned"]]
+    assert d["order"]["seed"] == 3 and planned == sg.config_order([1, 2], [1, 4], 3)
+    if limit == "1e9":
+        assert calls == planned and [tuple(c) for c in d["order"]["ran"]] == planned
+        assert d["speedups_missing"] == [] and d["truncated"] == []
+    else:
+        assert calls == [c for c in planned if c[0] == 1]
+        assert sorted(d["truncated"]) == ["W=2 b=1: skipped, past TIME_LIMIT_S=-1",
+                                          "W=2 b=4: skipped, past TIME_LIMIT_S=-1"]
+        assert d["speedups_missing"] == ["W=2 b=1: no W=2 b=1 row", "W=2 b=4: no W=2 b=4 row"]
+    out = capsys.readouterr().out.splitlines()[-1]
+    for row in d["results"]:
+        W, b = row["W"], row["batch_per_rank"]
+        assert row["makespan_of_medians_ms"] == pytest.approx(3.0 * b + 1)  # A + C = b + 1, B = 2b, every rank
+        assert row["mean_of_step_makespans_ms"] == pytest.approx(row["compute_only_step_ms"])
+        assert row["imbalance"] == pytest.approx(1.0) and row["own_step"]["imbalance"] == pytest.approx(1.0)
+        assert f"W{W}b{b} {row['makespan_of_medians_ms']:.2f}/{row['mean_of_step_makespans_ms']:.2f}=1.000" in out
+    assert "makespan of medians / mean of step makespans" in out
+    assert ("SPEEDUPS MISSING" in out) == (limit == "-1")
