@@ -142,9 +142,40 @@ def test_profile_gpu_dry_run(tmp_path):
          tmp_path, str(tmp_path / "tables"))
     d = json.loads((tmp_path / "profile_gpu_dry.json").read_text())
     assert set(d["trainer"]) == {"none", "decoded"}
+    # every variant timed before any profiler attached: the profiled one ("none" in a dry run) last
+    assert d["run_order"] == ["decoded", "none"]
+    assert all(r["timed_without_profiler"] for r in d["trainer"].values())
     ranges = d["trainer"]["none"]["ranges"]
     assert set(sr.STEP_RANGES) <= set(ranges["ranges_ms"]) and ranges["steps"] == 2
     assert "train/backward" in (tmp_path / "tables" / "trainer_ranges.txt").read_text()
+    # the profiler's top-20 table as rows (by self CPU time on a CPU), as its text table ranks them
+    top = ranges["profiler_top20"]
+    assert top["sort_by"] == "self_cpu_time_total" and top["steps"] == 2 and len(top["rows"]) == 20
+    self_ms = [r["self_cpu_ms"] for r in top["rows"]]
+    assert self_ms == sorted(self_ms, reverse=True) and self_ms[0] > 0
+    assert all(r["calls"] >= 1 and r["cpu_total_ms"] >= r["self_cpu_ms"] - 1e-3 for r in top["rows"])
+    assert any(r["name"].startswith("aten::") for r in top["rows"]) and "profiler_top20_self_cpu" not in ranges
+
+
+def test_profile_gpu_top_table_ranks_by_self_device_time_on_cuda():
+    """profile_gpu's rows of the profiler's table on a made-up CUDA profile (the CPU has none): by
+    self device time, 20 rows at most; torch before 2.4 named device times `cuda`."""
+    from types import SimpleNamespace
+
+    from benchmarks import profile_gpu
+
+    def ev(key, self_dev, old=False):
+        dev = {"self_cuda_time_total": self_dev, "cuda_time_total": 2 * self_dev} if old else \
+            {"self_device_time_total": self_dev, "device_time_total": 2 * self_dev}
+        return SimpleNamespace(key=key, count=3, self_cpu_time_total=1000.0, cpu_time_total=1500.0, **dev)
+
+    events = [ev(f"k{i}", 100.0 * i, old=i % 2) for i in range(25)]
+    top = profile_gpu.top_table(events, "device", steps=5)
+    assert top["sort_by"] == "self_device_time_total" and top["steps"] == 5
+    assert [r["name"] for r in top["rows"]] == [f"k{i}" for i in range(24, 4, -1)]
+    assert top["rows"][0] == {"name": "k24", "calls": 3, "self_cpu_ms": 1.0, "cpu_total_ms": 1.5,
+                              "self_device_ms": 2.4, "device_total_ms": 4.8}
+    assert top["rows"][1]["self_device_ms"] == 2.3  # an old torch's name
 
 
 @pytest.mark.slow
