@@ -26,13 +26,16 @@ PEER_TIMEOUT_S (140: gsplat's run is cut there and reported failed, our side sti
 GSPLAT_PEER (gsplat's peer folder, default <repo>/.gsplat_peer, scripts/prepare_gsplat_peer.sh),
 FAKE_GSPLAT=1 (no GPU: ours on the CPU with the torch backend, gsplat's side a stand-in peer
 loop (gsplat_peer.write_standin), to check this script's plumbing; the numbers then mean
-nothing; SCENE=builtin then trains the built-in synthetic scene). Writes
-benchmarks/results/step_vs_gsplat_<cuda|fake>.json and prints one summary line.
+nothing; SCENE=builtin then trains the built-in synthetic scene), SCENE_NAME (the scene's name
+in the result's: default the SCENE folder's name, `builtin` for the built-in scene). Writes
+benchmarks/results/step_vs_gsplat_<cuda|fake>_<scene name>.json (one per scene: thermos,
+garden...) and prints one summary line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -46,6 +49,21 @@ from benchmarks import step_ranges as sr  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 
 TOP_KERNELS = 5
+
+
+def scene_label(scene: str, scene_name: Optional[str] = None) -> str:
+    """The scene's name in the result's: scene_name (SCENE_NAME), else the scene folder's name
+    (`builtin` for the built-in scene), anything but letters, digits, `-` and `_` made `-`."""
+    name = scene_name or ("builtin" if scene == "builtin" else Path(scene.rstrip("/")).name)
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")
+    if not name:
+        raise ValueError(f"no scene name in SCENE={scene!r}, SCENE_NAME={scene_name!r}")
+    return name
+
+
+def result_name(kind: str, label: str) -> str:
+    """step_vs_gsplat_<cuda|fake>_<scene label>: each scene its own result."""
+    return f"step_vs_gsplat_{kind}_{label}"
 
 
 def ours_config(data_dir: Optional[str], data_factor: int, max_steps: int, sh_interval: int, result_dir: str):
@@ -159,6 +177,7 @@ def main() -> None:
     if builtin and not fake:
         sys.exit("bench_step_vs_gsplat.py: SCENE=builtin is for FAKE_GSPLAT=1 only (gsplat's trainer reads COLMAP)")
     factor = int(os.environ.get("DATA_FACTOR", 1))
+    label = scene_label(scene, os.environ.get("SCENE_NAME"))
     warmup, reps = int(os.environ.get("WARMUP", 10)), int(os.environ.get("REPS", 50))
     profile, sh_interval = int(os.environ.get("STEP_PROFILE_STEPS", 10)), int(os.environ.get("SH_INTERVAL", 1))
     n = warmup + reps + profile
@@ -178,8 +197,8 @@ def main() -> None:
              if theirs.get("median_step_ms") and ours["median_step_ms"] else None)
     payload = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu", "fake_gsplat": fake,
-        "scene": scene, "data_factor": factor, "warmup": warmup, "reps": reps, "profile_steps": profile,
-        "sh_degree_interval": sh_interval,
+        "scene": scene, "scene_name": label, "data_factor": factor, "warmup": warmup, "reps": reps,
+        "profile_steps": profile, "sh_degree_interval": sh_interval,
         "ours": ours, "gsplat": theirs, "ratio_ours_over_gsplat": ratio,
         "goal": "ours / gsplat <= 1.00 per training step (issue 14)",
         "note": ("Median of REPS steps (steps WARMUP.. of each run), each timed with the device synchronized before "
@@ -188,7 +207,7 @@ def main() -> None:
                  "packed with fused-ssim and fused Adam, gsplat's simple_trainer default (packed=False, fused-ssim). "
                  "Per range (ours) and per step (gsplat): torch.profiler over STEP_PROFILE_STEPS further steps."),
     }
-    path = write_result(f"step_vs_gsplat_{'fake' if fake else device.type}", payload)
+    path = write_result(result_name("fake" if fake else device.type, label), payload)
     gs = theirs.get("median_step_ms")
     gs_text = f"{gs:.2f} ms" if gs else f"NOT MEASURED ({theirs.get('skipped') or 'failed'})"
     print("step_vs_gsplat: ours {:.2f} ms, gsplat {} per step ({}){} -> {}".format(

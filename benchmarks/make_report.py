@@ -40,6 +40,7 @@ MEASURES: Dict[str, List[str]] = {
     "step_ops_cpu_before": STEP + ["benchmarks/step_ops.py", "benchmarks/procs.py"],  # the step at 5da5cbf
     "vs_gsplat_cpu": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
     "vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
+    # step_vs_gsplat_cuda_<scene> (thermos, garden...), one per scene: found by this prefix
     "step_vs_gsplat_cuda": ["distsplat", "benchmarks/bench_step_vs_gsplat.py", "benchmarks/step_ranges.py",
                             "benchmarks/gsplat_peer.py", "scripts/prepare_gsplat_peer.sh"],
     "render_cpu": ["distsplat/render", "benchmarks/bench_render.py"],

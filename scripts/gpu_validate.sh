@@ -319,21 +319,16 @@ run_check() {
         run scaling env WS=1,4 BATCHES=1,4 SCALING_WARMUP=3 SCALING_STEPS=10 TIME_LIMIT_S="$(sub 35)" \
             "$PY" benchmarks/scaling_gpu.py
         detail "$(tail -n 1 "$LOGS/scaling.log")" ;;
-    step_vs_gsplat)  # one step of Trainer.train_step vs one of gsplat's simple_trainer, thermos
+    step_vs_gsplat)  # one step of Trainer.train_step vs one of gsplat's simple_trainer, thermos: step_vs_gsplat_cuda_thermos
         grant step_vs_gsplat || return 1
         run step_vs_gsplat env SCENE="$THERMOS" DATA_FACTOR=1 PEER_TIMEOUT_S="$(sub 25)" \
             "$PY" benchmarks/bench_step_vs_gsplat.py
         detail "$(last_line '^step_vs_gsplat:' step_vs_gsplat)" ;;
-    step_vs_garden)  # the same on the 1.1M-Gaussian garden capture (scaling_gpu's scene)
+    step_vs_garden)  # the same on the 1.1M-Gaussian garden capture (scaling_gpu's scene): step_vs_gsplat_cuda_garden
         grant step_vs_garden || return 1
-        local thermos="$BENCH_RESULTS/step_vs_gsplat_cuda.json"
-        [ -f "$thermos" ] && mv "$thermos" "$WORK/step_vs_gsplat_thermos.json"
         run step_vs_garden bash -c '"$1" scripts/make_garden_capture.py "$2" && SCENE="$2" DATA_FACTOR=1 PEER_TIMEOUT_S="$3" "$1" benchmarks/bench_step_vs_gsplat.py' \
             _ "$PY" "$WORK/garden" "$(sub 40)"
-        [ -f "$thermos" ] && mv "$thermos" "$BENCH_RESULTS/step_vs_gsplat_cuda_garden.json"
-        [ -f "$WORK/step_vs_gsplat_thermos.json" ] && mv "$WORK/step_vs_gsplat_thermos.json" "$thermos"
-        detail "$(last_line '^step_vs_gsplat:' step_vs_garden)"
-        publish ;;
+        detail "$(last_line '^step_vs_gsplat:' step_vs_garden)" ;;
     vs_gsplat)  # one render's forward + backward, 1M Gaussians: distributed_rasterize at W = 1 vs gsplat
         grant vs_gsplat || return 1
         run vs_gsplat "$PY" benchmarks/bench_vs_gsplat.py

@@ -65,9 +65,10 @@ benchmarks/scaling_gpu.py)
     echo "scaling_gpu: W=4 batch 4: 3.9x (dry run) -> $R/scaling_gpu.json" ;;
 scripts/make_garden_capture.py)
     mkdir -p "$2/sparse/0" "$2/images"; echo "garden capture in $2 (dry run)" ;;
-benchmarks/bench_step_vs_gsplat.py)
-    printf '{"scene": "%s"}\n' "${SCENE:-}" > "$R/step_vs_gsplat_cuda.json"
-    echo "step_vs_gsplat: ours 14.00 ms, gsplat 15.00 ms per step (0.933x) (dry run) -> $R/step_vs_gsplat_cuda.json" ;;
+benchmarks/bench_step_vs_gsplat.py)  # one result per scene, named as the script names it
+    out="$R/step_vs_gsplat_cuda_${SCENE_NAME:-$(basename "${SCENE:?SCENE must be set}")}.json"
+    printf '{"scene": "%s"}\n' "${SCENE:-}" > "$out"
+    echo "step_vs_gsplat: ours 14.00 ms, gsplat 15.00 ms per step (0.933x) (dry run) -> $out" ;;
 benchmarks/bench_vs_gsplat.py)
     printf '{"dry_run": true}\n' > "$R/vs_gsplat_cuda.json"
     echo "vs_gsplat: ours_w1 / gsplat 1.05 (dry run) -> $R/vs_gsplat_cuda.json" ;;

@@ -56,6 +56,21 @@ def test_step_vs_gsplat_runs_the_trainers_default_config():
     assert (cfg.packed, cfg.ssim_impl) == (default_config().packed, "auto")
 
 
+def test_step_vs_gsplat_names_each_scenes_result_and_make_report_finds_them():
+    from benchmarks import make_report
+
+    assert bsg.scene_label("/x/.gpu_data/thermos") == "thermos"
+    assert bsg.scene_label("/tmp/gpu_validate.ab12/garden/") == "garden"  # gpu_validate's garden capture
+    assert bsg.scene_label("builtin") == "builtin" and bsg.scene_label("/x/thermos", "my scene/2") == "my-scene-2"
+    with pytest.raises(ValueError):
+        bsg.scene_label("/", None)
+    for scene in ("thermos", "garden"):
+        name = bsg.result_name("cuda", scene)
+        assert name == f"step_vs_gsplat_cuda_{scene}"
+        # make_report knows what it measures (so it can say when it is stale)
+        assert make_report.staleness(name, {"commit": ""}) == "STALE: no commit recorded"
+
+
 def test_step_vs_gsplat_ours_gives_the_trainers_parameters_after_3_steps(tmp_path):
     cfg = bsg.ours_config(None, 1, 20, 1, str(tmp_path / "r"))
     cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=8, num_gaussians=200, width=24, height=16, seed=1)
@@ -183,6 +198,6 @@ def test_step_vs_gsplat_fake_run(tmp_path):
     out = _run("bench_step_vs_gsplat.py", {"FAKE_GSPLAT": "1", "SCENE": "builtin", "WARMUP": "1", "REPS": "2",
                                            "STEP_PROFILE_STEPS": "1"}, tmp_path)
     assert "step_vs_gsplat: ours" in out
-    d = json.loads((tmp_path / "step_vs_gsplat_fake.json").read_text())
+    d = json.loads((tmp_path / "step_vs_gsplat_fake_builtin.json").read_text())  # the scene's own name
     assert len(d["ours"]["step_ms"]) == len(d["gsplat"]["step_ms"]) == 2 and d["ratio_ours_over_gsplat"] > 0
     assert d["gsplat"]["standin"] and d["gsplat"]["profiled_summary"]["steps"] == 1

@@ -128,11 +128,14 @@ def test_dry_call_runs_every_check_in_order_cuts_a_hung_one_and_packs_out(tmp_pa
     results = members(tmp_path / "out" / "results.tgz")
     assert "benchmarks/results/host_syncs_cuda.json" not in results  # the hung check wrote nothing
     for name in ("tests_cuda", "gsplat_peer_default", "gsplat_peer_default_reset", "scaling_gpu",
-                 "step_vs_gsplat_cuda", "step_vs_gsplat_cuda_garden", "profile_gpu_cuda", "gsplat_peer_mcmc",
+                 "step_vs_gsplat_cuda_thermos", "step_vs_gsplat_cuda_garden", "profile_gpu_cuda", "gsplat_peer_mcmc",
                  "runs/default_thermos_7000", "runs/mcmc_thermos_7000"):
         assert f"benchmarks/results/{name}.json" in results, sorted(results)
-    assert b"thermos" in results["benchmarks/results/step_vs_gsplat_cuda.json"]
+    # each scene's step comparison under its own name, as bench_step_vs_gsplat.py names it
+    assert b"thermos" in results["benchmarks/results/step_vs_gsplat_cuda_thermos.json"]
     assert b"garden" in results["benchmarks/results/step_vs_gsplat_cuda_garden.json"]
+    assert not [n for n in results if n.startswith("benchmarks/results/step_vs_gsplat")
+                and n.rsplit("_", 1)[-1] not in ("thermos.json", "garden.json")], sorted(results)
     # the commands as the device gets them
     train = logs["logs/default_7k.log"].decode()
     assert "examples/simple_trainer.py default" in train and "--cache gpu" in train and "--ssim_impl fused" in train
