@@ -14,6 +14,10 @@ Python line that caused them (`SyncCounter`). Counted, each after warm-up steps:
                  autograd engine replays its warnings: at the end of train/backward).
     ours_render  the syncs of that same step inside train/render: the distributed render's
                  forward as the trainer calls it (no separate call of it).
+    gsplat_step  one step of gsplat 1.5.3's own examples/simple_trainer.py as its users run it
+                 (packed=False, fused-ssim, its per-step loss.item()), counted inside its own
+                 training loop (gsplat_peer.py's probe mode, a subprocess) on the same scene;
+                 skipped, with the reason, without the .gsplat_peer folder.
     shared_gpu_w2
                  the same step of each rank of W = 2 rank processes sharing the ONE GPU in
                  shared-GPU mode (DISTSPLAT_SHARED_GPU=1: gloo, each collective staged through
@@ -26,10 +30,6 @@ Python line that caused them (`SyncCounter`). Counted, each after warm-up steps:
                  `nccl_equivalent` = count - staged_extra is what each rank of a real NCCL W = 2
                  would sync (`distsplat_nccl_equivalent`: the same from distsplat's own counter,
                  staging.host_syncs(), which the CPU run has too).
-    gsplat_step  one step of gsplat 1.5.3's own examples/simple_trainer.py as its users run it
-                 (packed=False, fused-ssim, its per-step loss.item()), counted inside its own
-                 training loop (gsplat_peer.py's probe mode, a subprocess) on the same scene;
-                 skipped, with the reason, without the .gsplat_peer folder.
 
 The claim this checks (distsplat/distributed/render.py): the distributed layer adds ONE
 sync per forward (the count transfer); gsplat's packed projection does one .item() of its

@@ -811,12 +811,16 @@ def main() -> None:
         print(f"W={W} b={b}: compute {row['compute_only_step_ms']:.1f} ms, NVLink step {p['step_ms']:.1f} ms"
               f" (exchange {p['exchange_ms']:.2f}), {sum(row['bytes_sent']) / 1e6:.1f} MB sent; makespan of "
               f"medians {row['makespan_of_medians_ms']:.2f} ms, mean of step makespans "
-              f"{row['mean_of_step_makespans_ms']:.2f} ms (x{row['imbalance']:.3f})"
+              f"{row['mean_of_step_makespans_ms']:.2f} ms (x{_ratio(row['imbalance'])})"
               + (f"; ranges missing: {', '.join(row['ranges_missing'])}" if row["ranges_missing"] else ""),
               flush=True)
         path = write()
     path = write()
     print(summary_line(rows, batches, info, device, truncated, path))
+
+
+def _ratio(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def summary_line(rows: List[Dict[str, Any]], batches: List[int], info: Dict[str, Any], device: torch.device,
@@ -830,7 +834,7 @@ def summary_line(rows: List[Dict[str, Any]], batches: List[int], info: Dict[str,
                          f"{r4['predicted']['ours']['pcie4']['speedup']:.2f}x PCIe4, gsplat "
                          f"{r4['predicted']['gsplat']['nvlink_h100']['speedup']:.2f}x NVLink")
     spans = ", ".join(f"W{r['W']}b{r['batch_per_rank']} {r['makespan_of_medians_ms']:.2f}/"
-                      f"{r['mean_of_step_makespans_ms']:.2f}={r['imbalance']:.3f}"
+                      f"{r['mean_of_step_makespans_ms']:.2f}={_ratio(r['imbalance'])}"
                       for r in sorted(rows, key=lambda r: (r["batch_per_rank"], r["W"])))
     missing = sorted({m for r in rows if r["W"] > 1 for m in r["ranges_missing"]})
     return (f"scaling_gpu ({device.type}, {info.get('gaussians')} Gaussians, loss SSIM {info.get('ssim_impl')}): "
