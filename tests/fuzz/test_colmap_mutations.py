@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "unit"))
+sys.path.append(str(HERE))  # appended: a test folder on the front of sys.path shadows other folders' modules
 
 import colmap_mutations as cm  # noqa: E402
 
@@ -35,7 +34,7 @@ def test_the_mutations_that_escaped_now_end_in_a_data_error():
 
 
 def test_mutations_of_a_generated_capture(tmp_path):
-    from data_helpers import make_colmap_dataset
+    from tests.unit.data_helpers import make_colmap_dataset
 
     data = make_colmap_dataset(tmp_path / "capture", num_cameras=8, width=48, height=32, factors=(2,))
     summary = cm.run_cases(data, 150, seed=7)
