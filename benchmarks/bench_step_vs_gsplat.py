@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import step_ranges as sr  # noqa: E402
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import gpu_or_plumbing, write_result  # noqa: E402
 
 TOP_KERNELS = 5
 
@@ -162,15 +162,8 @@ def run_gsplat(scene: str, data_factor: int, warmup: int, reps: int, profile: in
 
 
 def main() -> None:
-    fake = os.environ.get("FAKE_GSPLAT") == "1"
-    cuda = torch.cuda.is_available() and not fake
-    if not cuda and not fake:
-        sys.exit("bench_step_vs_gsplat.py needs a CUDA GPU (FAKE_GSPLAT=1 checks the plumbing on CPU)")
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        from distsplat.render.gsplat_ext import ensure_gsplat_ops
-
-        print(f"gsplat ops: {ensure_gsplat_ops()}", flush=True)
+    device, fake = gpu_or_plumbing("bench_step_vs_gsplat.py", "FAKE_GSPLAT")
+    cuda = device.type == "cuda"
     data = os.environ.get("DISTSPLAT_DATA", "/work/shared/data")
     scene = os.environ.get("SCENE", str(Path(data) / "thermos"))
     builtin = scene == "builtin"  # the trainer's synthetic scene: FAKE_GSPLAT's plumbing only

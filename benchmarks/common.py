@@ -84,3 +84,19 @@ def viewmat_towards_origin(eye) -> "torch.Tensor":
     c2w = look_at(np.asarray(eye, dtype=np.float64), np.zeros(3), up=(0.0, 1.0, 0.0))
     return torch.from_numpy(np.linalg.inv(c2w)).float()
 
+
+
+def gpu_or_plumbing(script: str, switch: str) -> "tuple[torch.device, bool]":
+    """A GPU benchmark's device: CUDA with gsplat's ops loaded (and said), or the CPU when the
+    environment sets `switch`=1 (a run that checks the script's plumbing, not a measurement).
+    Returns (device, plumbing); without a GPU and without the switch, exits saying both."""
+    plumbing = os.environ.get(switch) == "1"
+    if plumbing or not torch.cuda.is_available():
+        if not plumbing:
+            sys.exit(f"{script} needs a CUDA GPU (torch.cuda.is_available() is False; {switch}=1 checks "
+                     "the plumbing on the CPU)")
+        return torch.device("cpu"), True
+    from distsplat.render.gsplat_ext import ensure_gsplat_ops
+
+    print(f"gsplat ops: {ensure_gsplat_ops()}", flush=True)
+    return torch.device("cuda", 0), False

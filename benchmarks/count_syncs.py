@@ -69,7 +69,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import step_ranges as sr  # noqa: E402
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import gpu_or_plumbing, write_result  # noqa: E402
 
 SYNC_WARNING = "synchronizing CUDA operation"
 T_START = time.perf_counter()
@@ -356,18 +356,10 @@ def summary(results: Dict[str, Any]) -> str:
 
 
 def main() -> None:
-    dry = os.environ.get("DRY_RUN") == "1"
-    cuda = torch.cuda.is_available() and not dry
-    if not cuda and not dry:
-        sys.exit("count_syncs.py needs a CUDA GPU (torch.cuda.is_available() is False; DRY_RUN=1 checks the "
-                 "plumbing on the CPU)")
     from distsplat.distributed import init_distributed
 
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        from distsplat.render.gsplat_ext import ensure_gsplat_ops
-
-        print(f"gsplat ops: {ensure_gsplat_ops()}")
+    device, dry = gpu_or_plumbing("count_syncs.py", "DRY_RUN")
+    cuda = device.type == "cuda"
     data = os.environ.get("DISTSPLAT_DATA")
     scene = os.environ.get("SCENE", str(Path(data) / "thermos") if data and not dry else "")
     data_factor = int(os.environ.get("DATA_FACTOR", 2))

@@ -51,7 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import step_ranges as sr  # noqa: E402
-from benchmarks.common import write_result  # noqa: E402
+from benchmarks.common import gpu_or_plumbing, write_result  # noqa: E402
 
 TOP_ROWS = 20
 # Set once this process has attached a profiler (cProfile or torch.profiler): timings after it
@@ -236,15 +236,7 @@ def profile_trainer(table_dir: Path, scene: Optional[str], data_factor: int, cac
 
 
 def main() -> None:
-    dry = os.environ.get("DRY_RUN") == "1"
-    cuda = torch.cuda.is_available() and not dry
-    if not cuda and not dry:
-        sys.exit("profile_gpu.py needs a CUDA GPU (DRY_RUN=1 checks the plumbing on the CPU)")
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        from distsplat.render.gsplat_ext import ensure_gsplat_ops
-
-        print(f"gsplat ops: {ensure_gsplat_ops()}", flush=True)
+    device, dry = gpu_or_plumbing("profile_gpu.py", "DRY_RUN")
     table_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="profile_gpu_"))
     table_dir.mkdir(parents=True, exist_ok=True)
     data = os.environ.get("DISTSPLAT_DATA")
