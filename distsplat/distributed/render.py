@@ -112,20 +112,11 @@ def _layout(owner: Tuple[int, ...], W: int, me: int, device: torch.device) -> _L
 
 
 @lru_cache(maxsize=64)
-def _constant(values: Tuple[int, ...], rows: int, device: torch.device) -> Tensor:
-    """[rows, len(values)] int64 on `device`, every row `values`: made once (the one
-    host->device copy happens at the first call, not in every step)."""
-    return torch.tensor([list(values)] * rows, dtype=torch.int64).to(device)
-
-
-@lru_cache(maxsize=32)
-def _arange(n: int, device: torch.device) -> Tensor:
-    return torch.arange(n, dtype=torch.int64).to(device)
-
-
-@lru_cache(maxsize=8)
-def _minus_one(device: torch.device) -> Tensor:
-    return torch.full((1,), -1, dtype=torch.int64).to(device)
+def _constant(values: Tuple[int, ...], rows: int, device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
+    """[rows, len(values)] on `device`, every row `values`: made once (the one host->device
+    copy happens at the first call, not in every step). Callers expand or index it, never
+    write to it."""
+    return torch.tensor([list(values)] * rows, dtype=dtype).to(device)
 
 
 # ------------------------------------------------------------------------ validation
@@ -195,12 +186,6 @@ def _validate(
     return resolved, owner
 
 
-@lru_cache(maxsize=32)
-def _arg_bits(indices: Tuple[int, ...], device: torch.device) -> Tensor:
-    """[A] int64 1 << index on `device`, made once per argument set."""
-    return torch.tensor([1 << i for i in indices], dtype=torch.int64).to(device)
-
-
 def _device_status(named: List[Tuple[str, Tensor]], owner: Optional[Tensor], W: int,
                    device: torch.device) -> Tensor:
     """int64 scalar on the device: NONFINITE with a bitmask of the arguments holding NaN/Inf
@@ -212,7 +197,7 @@ def _device_status(named: List[Tuple[str, Tensor]], owner: Optional[Tensor], W: 
         # One float64 sum per argument: NaN and Inf propagate through a sum, and float32
         # values summed in float64 cannot overflow, so a sum is finite iff its tensor is.
         sums = torch.stack([t.detach().sum(dtype=torch.float64).to(device) for _, t in named])  # [A]
-        weights = _arg_bits(tuple(ex.FINITE_ARGS.index(name) for name, _ in named), device)  # [A]
+        weights = _constant(tuple(1 << ex.FINITE_ARGS.index(name) for name, _ in named), 1, device)[0]  # [A]
         bits = torch.where(torch.isfinite(sums), 0, weights).sum()
         status = torch.where(bits != 0, bits + ex.encode(ex.NONFINITE), status)
     return status
@@ -344,17 +329,12 @@ def _as_columns(t: Tensor, dtype: torch.dtype) -> Tensor:
     return (t[:, None] if t.dim() == 1 else t).view(dtype)
 
 
-@lru_cache(maxsize=8)
-def _zero(dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.zeros((1, 1), dtype=dtype).to(device)
-
-
 def _pack(local: _Local, cols: _Columns, dtype: torch.dtype) -> Tensor:
     """The projection's pairs (camera order) -> one [M, F] payload: one cat."""
     p = local.pairs
     depths = p.depths if cols.depth_grad else p.depths.detach()
     fields = [p.means2d, p.conics, p.opacities[:, None], p.colors, local.dirs, local.sink, depths[:, None]]
-    pad = [_zero(dtype, p.means2d.device).expand(len(p), cols.pad)] if cols.pad else []
+    pad = [_constant((0,), 1, p.means2d.device, dtype).expand(len(p), cols.pad)] if cols.pad else []
     return torch.cat([f.to(dtype) for f in fields if f is not None] + pad
                      + [_as_columns(p.camera_ids, dtype), _as_columns(p.radii, dtype)], dim=1)
 
@@ -375,7 +355,7 @@ def _unpack(head: Tensor, tail: Tensor, cols: _Columns, layout: _Layout
     cam = tail[:, at:at + k].view(torch.int64)[:, 0]  # [M] batch positions
     pairs = Pairs(
         camera_ids=layout.local_of.index_select(0, cam),
-        gaussian_ids=_minus_one(head.device).expand(head.shape[0]),
+        gaussian_ids=_constant((-1,), 1, head.device)[0].expand(head.shape[0]),
         radii=tail[:, at + k:at + 2 * k].view(torch.int32), means2d=means2d, depths=depths[:, 0], conics=conics,
         opacities=opac[:, 0], colors=colors,
     )
@@ -571,7 +551,8 @@ def _exchange_counts(local: _Local, cols: _Columns, C: int, W: int, me: int, gro
         first = torch.searchsorted(local.pairs.camera_ids, layout.bounds)  # [W + 1]
         torch.cat([first[:-1, None], first[1:, None], tail], 1, out=buffer[:W])
     else:  # the rows per rank, summed over each rank's cameras; the camera blocks come to the host
-        starts = torch.searchsorted(local.pairs.camera_ids, _arange(C + 1, local.pairs.camera_ids.device))  # [C + 1]
+        cameras = _constant(tuple(range(C + 1)), 1, local.pairs.camera_ids.device)[0]  # [C + 1]
+        starts = torch.searchsorted(local.pairs.camera_ids, cameras)  # [C + 1] first pair of each camera
         owner = layout.owner_dev if layout is not None else local.owner_dev.clamp(0, W - 1)  # bad owners: reported
         per_rank = torch.zeros(W, dtype=torch.int64, device=device).index_add_(0, owner, starts.diff())  # [W]
         end = per_rank.cumsum(0)

@@ -33,6 +33,8 @@ import resource
 from pathlib import Path
 from typing import Optional
 
+from .shared_dir import nearest_existing
+
 DISK_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EROFS: "EROFS", errno.EFBIG: "EFBIG"}
 MARGIN_BYTES = 64 * 1024  # plus 1/64 of the bytes: see margin()
 CHECK_ENV = "DISTSPLAT_CHECK_FREE_SPACE"  # 0: no look at the free space before a write
@@ -49,13 +51,6 @@ class NoRoom(OSError):
     """Raised by check_room before anything is written (an OSError of DISK_ERRNOS)."""
 
     before_writing = True
-
-
-def nearest_existing(path: Path) -> Path:
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
 
 
 def free_bytes(path: Path) -> int:

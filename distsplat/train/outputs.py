@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..distributed import DistContext, barrier
+from .shared_dir import nearest_existing
 from .export import create_ply, ply_header, ply_rows, write_ply_rows
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,7 @@ def check_result_dir(result_dir: str) -> None:
     """ValueError unless --result_dir is a writable folder or can be created as one. Every
     rank writes there (its stats, checkpoint shards and PLY rows), so every rank checks,
     before the first collective; nothing is created, so a refused run leaves no trace."""
-    path = Path(result_dir).absolute()
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(result_dir)
     if not existing.is_dir():
         raise ValueError(f"--result_dir {result_dir}: {existing} is a file, not a folder; "
                          "pass a --result_dir whose parents are folders")

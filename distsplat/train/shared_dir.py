@@ -47,8 +47,8 @@ TOKEN_BYTES = 16
 PATH_ROW_BYTES = 1024  # per rank: a digest of the path (compared), the node, the path (shown, cut past this)
 
 
-def nearest_existing(result_dir: str) -> Path:
-    """The result dir if it exists, else its nearest existing parent (absolute)."""
+def nearest_existing(result_dir: "str | Path") -> Path:
+    """The path if it exists, else its nearest existing parent (absolute)."""
     path = Path(result_dir).absolute()
     while not path.exists() and path != path.parent:
         path = path.parent
