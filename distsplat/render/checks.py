@@ -5,7 +5,7 @@ distributed render, which calls the same checks) is done."""
 from __future__ import annotations
 
 import numbers
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -67,12 +67,17 @@ class ShapeChecker:
         return self.dims[letter][0]
 
 
+def nonfinite(named: Sequence[Tuple[str, Tensor]]) -> List[str]:
+    """The names of the tensors holding NaN or Inf: one host sync for all of them."""
+    if not named:
+        return []
+    flags = torch.stack([torch.isfinite(t.detach()).all() for _, t in named]).tolist()
+    return [name for (name, _), ok in zip(named, flags) if not ok]
+
+
 def check_finite(fn: str, named: Sequence[Tuple[str, Tensor]]) -> None:
     """One host sync for all tensors: names every argument holding NaN or Inf."""
-    if not named:
-        return
-    flags = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
-    bad = [name for (name, _), ok in zip(named, flags) if not ok]
+    bad = nonfinite(named)
     if bad:
         raise ValueError(
             f"{fn}: {', '.join('`' + b + '`' for b in bad)} contain NaN or Inf values; "

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..render.checks import nonfinite
+
 SH_C0 = 0.28209479177387814  # Y_0^0: colour = SH_C0 * sh0 + 0.5
 
 
@@ -259,9 +261,7 @@ def check_finite_params(params: Dict[str, Tensor], source: str) -> None:
     (`source`: the initial points, a checkpoint). The trainer checks its parameters where
     they change (here at setup and resume; after each step the divergence guard), not in
     every render. One host read."""
-    names = list(params)
-    finite = torch.stack([torch.isfinite(params[k].detach()).all() for k in names]).tolist()
-    bad = [k for k, ok in zip(names, finite) if not ok]
+    bad = nonfinite(list(params.items()))
     if bad:
         raise ValueError(f"{source} holds NaN or Inf values in {', '.join(bad)}; "
                          "check the input (a damaged file, or a diverged run's state)")
