@@ -117,12 +117,14 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
     try:
         error = None
         try:  # every rank finds the same bad flag; agreeing lets each one say so
-            cfg.adjust_steps(cfg.steps_scaler)
+            cfg.adjust_steps(cfg.schedule_factor(ctx.world_size))
             cfg.validate()
             check_result_dir(cfg.result_dir)
         except ValueError as e:
             error = e
         raise_together(ctx, error, "checking the flags")
+        if ctx.is_main and not (cfg.eval_only or cfg.render_only):
+            log.info("%s", cfg.describe_schedule(ctx.world_size))
         check_shared(ctx, cfg.result_dir)  # several nodes: one result dir for all (shared_dir.py)
         if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
             cfg.disable_viewer = True

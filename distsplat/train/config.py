@@ -53,6 +53,11 @@ class Config:
     """Scales every step count below (and the strategy's schedule)."""
     batch_size: int = 1
     """Cameras per rank per step; the global batch is batch_size x world size."""
+    schedule_in_images: bool = False
+    """Count every step number (max_steps, eval/save steps, the strategy's refine and reset steps,
+    sh_degree_interval) in images seen, as at a global batch of 1: each is divided by the global
+    batch, so W GPUs run the 1-GPU schedule in W times fewer steps (gsplat's `--steps_scaler 1/W`,
+    made automatic). Combines with --steps_scaler. Off: step numbers are steps, as in gsplat."""
     eval_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
     save_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
     save_ply: bool = True
@@ -202,8 +207,23 @@ class Config:
 
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
+    def schedule_factor(self, world_size: int) -> float:
+        """What every step number is multiplied by on world_size ranks: --steps_scaler, divided by
+        the global batch under --schedule_in_images."""
+        batch = max(self.batch_size, 1) * world_size  # (a bad --batch_size is validate()'s to report)
+        return self.steps_scaler / batch if self.schedule_in_images else self.steps_scaler
+
+    def describe_schedule(self, world_size: int) -> str:
+        """One line (rank 0 logs it): the global batch and the schedule in steps and images."""
+        B, s = self.batch_size * world_size, self.strategy
+        reset = f", opacity reset every {s.reset_every}" if isinstance(s, DefaultStrategy) else ""
+        return (f"global batch {B} ({world_size} rank(s) x --batch_size {self.batch_size}), {B} image(s) per step: "
+                f"{self.max_steps} steps = {self.max_steps * B} images; refine from step {s.refine_start_iter} "
+                f"to {s.refine_stop_iter} every {s.refine_every}{reset}; SH degree +1 every "
+                f"{self.sh_degree_interval} (step numbers {'divided by the global batch: --schedule_in_images' if self.schedule_in_images else 'as given' + ('' if B == 1 else '; --schedule_in_images runs the 1-GPU schedule in images')})")
+
     def adjust_steps(self, factor: float) -> None:
-        """gsplat's steps_scaler: every schedule scaled by factor."""
+        """gsplat's steps_scaler: every schedule scaled by factor (rounded down, as gsplat)."""
         if factor == 1.0:
             return
         self.max_steps = int(self.max_steps * factor)
