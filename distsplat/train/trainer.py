@@ -277,7 +277,10 @@ class Trainer:
                 loss_sum, loss_n = loss_sum + loss, loss_n + 1
             else:  # masked on the device: a skipped step's loss is left out of the average
                 loss_sum, loss_n = loss_sum + torch.where(found > 0, 0.0, loss), loss_n + (1.0 - found)
-            log_step = done % cfg.log_every == 0 or done == cfg.max_steps
+            # The first step logs too: a slow run (CPU, big images) shows it is alive and its pace
+            # before --log_every steps; a step count, not a clock, so every rank agrees (the work
+            # summary below is a collective)
+            log_step = done % cfg.log_every == 0 or done == cfg.max_steps or done == self.start_step + 1
             # The flags are read on the host lazily, all of them before a log, save or eval (faults.py)
             if self.divergence.poll(done, flush=log_step or done in save_steps or done in eval_steps):
                 # --max_bad_steps in a row: keep the last good state (no bad step changed it), stop
