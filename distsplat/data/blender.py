@@ -23,7 +23,7 @@ from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene
 from .shards import TarShardSource
-from .sources import FolderSource, first_present, keep_present
+from .sources import ONCE, FolderSource, first_present, keep_present
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def load_blender(
         _, test_names, test_c2w = _frames(test_file)
         names, c2w = names + test_names, np.concatenate([c2w, test_c2w])
     else:
-        log.warning("%s does not exist: no test split", test_file)
+        log.warning("%s does not exist: no test split", test_file, extra=ONCE)
 
     if shards is not None:
         source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)

@@ -27,7 +27,7 @@ from .names import NameList, TrackTable
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
 from .shards import TarShardSource
-from .sources import FolderSource, JoinedPaths, first_present, keep_present
+from .sources import FolderSource, JoinedPaths, ONCE, first_present, keep_present
 from .undistort import SUPPORTED, split_params, undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,8 @@ def load_colmap(
         on_the_fly = factor > 1 and not image_dir.is_dir()
         if on_the_fly:
             log.warning("%s does not exist: downscaling %s by %d while loading%s; "
-                        "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, draft_note(names), factor)
+                        "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, draft_note(names), factor,
+                        extra=ONCE)
             image_dir = full_dir
         if not image_dir.is_dir():
             raise DataError(_no_image_folder(data_dir, factor))

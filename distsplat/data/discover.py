@@ -78,7 +78,8 @@ def choose(root: Union[str, Path], data_format: str = "auto", colmap_dir: Option
         model = Path(colmap_dir) if Path(colmap_dir).is_absolute() else root / colmap_dir
         if not is_model(model):
             raise DataError(f"--colmap_dir {colmap_dir}: {model} holds no COLMAP model (cameras.bin|txt and "
-                            f"images.bin|txt){_holds(root, found)}")
+                            f"images.bin|txt){_holds(root, found)}; pass the folder holding the model (relative "
+                            "to --data_dir, or absolute)")
         chosen = Description("colmap", model)
         return chosen, [d for d in found if d.path.resolve() != model.resolve()]
     if data_format != "auto":

@@ -48,7 +48,7 @@ from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
 from .shards import TarShardSource
-from .sources import FolderSource, first_present, keep_present
+from .sources import FolderSource, ONCE, first_present, keep_present
 from .undistort import undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -245,7 +245,8 @@ def load_nerfstudio(
             source = folder(names)
         if on_the_fly:
             log.warning("%s does not exist: downscaling the frames' images by %d while loading%s; "
-                        "ns-process-data's images_%d/ loads faster", scaled_dir, factor, draft_note(names), factor)
+                        "pre-downscaled images_%d/ (as ns-process-data writes) loads faster", scaled_dir, factor,
+                        draft_note(names), factor, extra=ONCE)
         image_dirs = sorted({os.path.dirname(source.where(i)) for i in range(len(names))})
 
     stored = probe_images(source, range(len(names))) if check else None  # [C] (w, h) of the images read

@@ -122,8 +122,9 @@ def keep_present(source: "FolderSource", model: Lister, skip: bool,
         raise DataError(f"{model}: none of its {len(source)} images exists (the first: {source.where(0)}); "
                         "put the images where the file's paths point, or pass the right --data_dir")
     first = ", ".join(source.names[i] for i in missing[:SHOWN]) + (f", +{len(missing) - SHOWN} more" if len(missing) > SHOWN else "")
-    log.warning("%s lists %d images that are absent, training on the other %d (%s): %s", model, len(missing),
-                len(source) - len(missing), why, first, extra=ONCE)
+    n = len(missing)
+    log.warning("%s lists %d %s absent, training on the other %d (%s): %s", model, n,
+                "images that are" if n > 1 else "image that is", len(source) - n, why, first, extra=ONCE)
     return np.setdiff1d(np.arange(len(source), dtype=np.int64), np.asarray(missing, dtype=np.int64))
 
 
