@@ -89,7 +89,8 @@ def choose(root: Union[str, Path], data_format: str = "auto", colmap_dir: Option
         if not of_format:
             want = ("a COLMAP model (sparse/0/ or a folder one level down with cameras and images .bin|txt)"
                     if data_format == "colmap" else FILES[data_format])
-            raise DataError(f"--data_format {data_format}: --data_dir {root} has no {want}{_holds(root, found)}")
+            raise DataError(f"--data_format {data_format}: --data_dir {root} has no {want}{_holds(root, found)}; "
+                            "pass --data_format auto, or the format of one it holds")
         found = of_format + [d for d in found if d.format != data_format]
     if not found and (root / "sparse").is_dir():  # a damaged model: colmap.find_model and the reader say what is wrong
         return Description("colmap", root / "sparse"), []

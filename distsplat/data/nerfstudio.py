@@ -224,6 +224,7 @@ def load_nerfstudio(
 
     scaled_dir = data_dir / f"images_{factor}"
     full_paths = [data_dir / n for n in names]  # the files the frames name
+    dropped: List[str] = []  # frames left out for an absent image
     if shards is not None:
         # check=False: other nodes' images may be absent from a node's staged shards
         source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
@@ -240,6 +241,7 @@ def load_nerfstudio(
         keep = keep_present(source, str(path), skip_missing or ingp,
                             "instant-ngp skips them too" if ingp else "--skip_missing_images") if check else None
         if keep is not None:
+            dropped = [names[i] for i in np.setdiff1d(np.arange(len(names)), keep).tolist()]
             frames, names, c2w = [frames[i] for i in keep.tolist()], [names[i] for i in keep.tolist()], c2w[keep]
             full_paths = [full_paths[i] for i in keep.tolist()]
             source = folder(names)
@@ -286,7 +288,7 @@ def load_nerfstudio(
     points, rgb = _points(data_dir, meta, path)
     if len(points):
         points = (points.astype(np.float64) @ to_input[:3, :3].T + to_input[:3, 3]).astype(np.float32)
-    train, test = _split(path, meta, names, test_every)
+    train, test = _split(path, meta, names, test_every, dropped)
     transform = np.eye(4)
     if normalize:
         try:
@@ -352,11 +354,15 @@ def _full_size(path: Path, names: Sequence[str], full_paths: Sequence[Path],
     return size
 
 
-def _split(path: Path, meta: dict, names: List[str], test_every: int):
+def _split(path: Path, meta: dict, names: List[str], test_every: int, dropped: Sequence[str] = ()):
+    """(train, test): the frames test_filenames (or val_filenames) lists, less the `dropped`
+    ones left out for an absent image, else every test_every-th frame."""
     for key in ("test_filenames", "val_filenames"):
         if key in meta:
             pos = {n: i for i, n in enumerate(names)}
             listed = [str(n)[2:] if str(n).startswith("./") else str(n) for n in meta[key]]
+            gone = set(dropped)
+            listed = [n for n in listed if n not in gone]
             unknown = [n for n in listed if n not in pos]
             if unknown:
                 raise DataError(f"{path}: '{key}' lists {unknown[:3]}, which are no frame's file_path")

@@ -143,6 +143,15 @@ def test_nerfstudio_missing_image_names_transforms_json_or_skips(tmp_path, caplo
     assert "(--skip_missing_images): images/0004.jpg" in warnings_of(caplog)[0].getMessage()
 
 
+def test_skipped_frames_leave_the_listed_test_split(tmp_path):
+    root = nerfstudio_file(make_instant_ngp(tmp_path / "ns", num_cameras=6, missing=(4,)))
+    meta = json.loads((root / "transforms.json").read_text())
+    meta["test_filenames"] = ["images/0001.jpg", "images/0004.jpg"]
+    (root / "transforms.json").write_text(json.dumps(meta))
+    scene = load_nerfstudio(root, skip_missing=True)
+    assert [scene.names[i] for i in scene.test] == ["images/0001.jpg"] and len(scene.train) == 4
+
+
 def test_colmap_missing_image_names_images_bin_or_skips(tmp_path):
     root = make_colmap_dataset(tmp_path / "c", num_cameras=10)
     full = load_colmap(root)
