@@ -121,7 +121,8 @@ def keep_present(source: "FolderSource", model: Lister, skip: bool,
     if len(missing) == len(source):
         raise DataError(f"{model}: none of its {len(source)} images exists (the first: {source.where(0)}); "
                         "put the images where the file's paths point, or pass the right --data_dir")
-    first = ", ".join(source.names[i] for i in missing[:SHOWN]) + (f", +{len(missing) - SHOWN} more" if len(missing) > SHOWN else "")
+    first = ", ".join(source.names[i] for i in missing[:SHOWN])
+    first += f", +{len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
     n = len(missing)
     log.warning("%s lists %d %s absent, training on the other %d (%s): %s", model, n,
                 "images that are" if n > 1 else "image that is", len(source) - n, why, first, extra=ONCE)
