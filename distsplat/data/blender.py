@@ -23,7 +23,7 @@ from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene
 from .shards import TarShardSource
-from .sources import FolderSource, first_present
+from .sources import ONCE, FolderSource, first_present, keep_present
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +84,14 @@ def load_blender(
     normalize: bool = False,
     check: bool = True,
     shards: Optional[Union[str, Path]] = None,
+    skip_missing: bool = False,
 ) -> Scene:
     """Train frames first, then test frames, each in file order. `background=None` drops
     alpha instead of compositing. `check=True` reads every image's header here; `check=False`
     only the first image present (node-local staging: the caller checks the images a rank
     owns, train/node_data.py). `shards`: an index.json of tar shards (shards.py) holding the
-    frames by their file_path (e.g. `train/r_0.png`), read instead of the files."""
+    frames by their file_path (e.g. `train/r_0.png`), read instead of the files. `skip_missing`:
+    frames whose image file is absent are left out (one warning) instead of a DataError."""
     data_dir = Path(data_dir)
     train_file, test_file = data_dir / "transforms_train.json", data_dir / "transforms_test.json"
     if not train_file.exists():
@@ -100,14 +102,18 @@ def load_blender(
         _, test_names, test_c2w = _frames(test_file)
         names, c2w = names + test_names, np.concatenate([c2w, test_c2w])
     else:
-        log.warning("%s does not exist: no test split", test_file)
+        log.warning("%s does not exist: no test split", test_file, extra=ONCE)
 
     if shards is not None:
         source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
     else:
         source = FolderSource([data_dir / n for n in names], names)
-        if check:
-            source.check_exist()
+        listed_in = lambda i, n=n_train: str(train_file if i < n else test_file)  # noqa: E731
+        keep = keep_present(source, listed_in, skip_missing) if check else None
+        if keep is not None:  # --skip_missing_images: the frames present, in their order
+            n_train = int((keep < n_train).sum())
+            names, c2w = [names[i] for i in keep.tolist()], c2w[keep]
+            source = FolderSource([data_dir / n for n in names], names)
     sizes = probe_images(source, range(len(names)) if check else [first_present(source, data_dir)])
     if len(set(sizes)) > 1:
         bad = next(i for i, s in enumerate(sizes) if s != sizes[0])

@@ -20,14 +20,14 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from . import colmap_io
-from .decode import check_sizes, downscaled_size, probe_images
+from .decode import check_sizes, downscaled_size, draft_note, probe_images
 from .errors import DataError
 from .heap import TRIM_FROM, trim_heap
 from .names import NameList, TrackTable
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
 from .shards import TarShardSource
-from .sources import FolderSource, JoinedPaths, first_present
+from .sources import FolderSource, JoinedPaths, ONCE, first_present, keep_present
 from .undistort import SUPPORTED, split_params, undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -65,19 +65,25 @@ def load_colmap(
     test_every: int = 8,
     check: bool = True,
     shards: Optional[Union[str, Path]] = None,
+    model_dir: Optional[Union[str, Path]] = None,
+    skip_missing: bool = False,
 ) -> Scene:
-    """Parses a COLMAP capture. `check=True` reads every image's header (size, truncation)
+    """Parses a COLMAP capture: the model in `model_dir` (default: find_model's sparse/0 or
+    sparse/), the images in data_dir/images*/. `check=True` reads every image's header (size, truncation)
     here, so bad images fail now on every rank rather than mid-training on one; `check=False`
     touches only one image per COLMAP camera (node-local staging: the caller checks the
     images a rank owns, train/node_data.py). `shards`: an index.json of tar shards
     (shards.py) holding the images by their model names, read instead of images*/; images
-    stored at their camera's full size are downscaled on load when factor > 1."""
+    stored at their camera's full size are downscaled on load when factor > 1. `skip_missing`:
+    images the model lists but images*/ lacks are left out (one warning) instead of a
+    DataError (with check=False, as staged per node, nothing is left out)."""
     data_dir = Path(data_dir)
     if factor < 1:
         raise ValueError(f"factor must be >= 1, got {factor}")
-    model_dir = find_model(data_dir)
+    model_dir = find_model(data_dir) if model_dir is None else Path(model_dir)
     cameras, table, points = colmap_io.read_model_table(model_dir)  # arrays: no object per image
     cam_file = next(model_dir / f for f in ("cameras.bin", "cameras.txt") if (model_dir / f).exists())
+    images_file = next((model_dir / f for f in ("images.bin", "images.txt") if (model_dir / f).exists()), model_dir)
     base_K = {cid: intrinsics(cam, cam_file) for cid, cam in cameras.items()}
 
     order = np.argsort(table.names, kind="stable")  # gsplat sorts by name (UTF-8 bytes order = str order)
@@ -95,6 +101,7 @@ def load_colmap(
     del w2c
     cam_list = sorted(cameras)
     cam_pos = np.searchsorted(np.array(cam_list, dtype=np.int64), cam_ids)  # [C] index into cam_list
+    dropped: List[str] = []  # names of images left out (absent, skip_missing)
 
     # images_N/ when it exists, else images/ downscaled on load.
     full_dir = data_dir / "images"
@@ -106,14 +113,20 @@ def load_colmap(
     else:
         on_the_fly = factor > 1 and not image_dir.is_dir()
         if on_the_fly:
-            log.warning("%s does not exist: downscaling %s by %d while loading (JPEG draft mode); "
-                        "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, factor)
+            log.warning("%s does not exist: downscaling %s by %d while loading%s; "
+                        "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, draft_note(names), factor,
+                        extra=ONCE)
             image_dir = full_dir
         if not image_dir.is_dir():
             raise DataError(_no_image_folder(data_dir, factor))
         source = _folder_source(str(image_dir), names)
-        if check:
-            source.check_exist()
+        keep = keep_present(source, str(images_file), skip_missing) if check else None
+        if keep is not None:  # --skip_missing_images: the model's other images, as if it listed only them
+            dropped = [names[i] for i in np.setdiff1d(np.arange(C), keep).tolist()]
+            names = NameList(names.raw[keep]) if isinstance(names, NameList) else [names[i] for i in keep.tolist()]
+            camtoworlds, cam_ids, image_ids, cam_pos = camtoworlds[keep], cam_ids[keep], image_ids[keep], cam_pos[keep]
+            C = len(names)
+            source = _folder_source(str(image_dir), names)
 
     # Sizes: every image's header when checking, else the first image found here of each
     # camera size (gsplat reads one image): with images staged per node (check=False) a node
@@ -155,7 +168,7 @@ def load_colmap(
     Ks, sizes, source_sizes = _per_image(g_Ks, inverse), _per_image(g_sizes, inverse), _per_image(g_stored, inverse)
     undistort = None if plans is None else [plans[g] for g in inverse.tolist()]
 
-    train, test = _split(data_dir, names, test_every)
+    train, test = _split(data_dir, names, test_every, dropped)
     points_xyz = points.xyz.astype(np.float32)
     transform = np.eye(4)
     if normalize:
@@ -279,18 +292,21 @@ def _match_name(image_dir: str, name: str, listings: Optional[Dict[str, tuple]] 
     return os.path.join(parent, matches[0]) if len(matches) == 1 else name
 
 
-def _split(data_dir: Path, names: Sequence[str], test_every: int):
+def _split(data_dir: Path, names: Sequence[str], test_every: int, dropped: Sequence[str] = ()):
+    """(train, test) indices: test.txt / train.txt when present (less the `dropped` images
+    left out for being absent), else every test_every-th image."""
     test_file, train_file = data_dir / "test.txt", data_dir / "train.txt"
     if not test_file.exists():
         return split_every(names, test_every)
-    test_names = _read_names(test_file)
+    gone = set(dropped)
+    test_names = [n for n in _read_names(test_file) if n not in gone]
     test_pos = _positions(names, test_names)
     unknown = [n for n, p in zip(test_names, test_pos.tolist()) if p < 0]
     if unknown:
         raise DataError(f"{test_file}: names {unknown[:3]} are not images of the COLMAP model")
     test = np.sort(test_pos)
     if train_file.exists():
-        train_names = _read_names(train_file)
+        train_names = [n for n in _read_names(train_file) if n not in gone]
         train_pos = _positions(names, train_names)
         unknown = [n for n, p in zip(train_names, train_pos.tolist()) if p < 0]
         if unknown:

@@ -154,6 +154,14 @@ def scale_matches(w: int, h: int, cam_w: int, cam_h: int) -> bool:
     return lo <= hi and hi > 0
 
 
+def draft_note(names: Sequence[str]) -> str:
+    """The load line's note on how images are downscaled on load: ' (JPEG draft mode)' for
+    JPEGs (Pillow decodes them at a reduced size first), nothing for PNGs (decoded whole, then
+    resized). Looks at the first name: a capture's images share a format."""
+    first = str(names[0]).lower() if len(names) else ""
+    return " (JPEG draft mode)" if first.endswith((".jpg", ".jpeg")) else ""
+
+
 def downscaled_size(w: int, h: int, factor: int) -> Tuple[int, int]:
     """gsplat's `_resize_image_folder` size: round(w / factor), round(h / factor)."""
     return int(round(w / factor)), int(round(h / factor))

@@ -1,5 +1,5 @@
-"""nerfstudio parser: the `transforms.json` that `ns-process-data` writes -> `Scene`, so
-nerfstudio users bring their processed captures as they are.
+"""nerfstudio and instant-ngp parser: a `transforms.json` (what `ns-process-data` or
+instant-ngp's `colmap2nerf.py` writes) -> `Scene`, so users bring their captures as they are.
 
 What is read (nerfstudio's `nerfstudio_dataparser.py` is the reference for the meaning):
 - intrinsics `fl_x, fl_y, cx, cy, w, h`, global or per frame (a frame's own keys win);
@@ -17,25 +17,38 @@ What is read (nerfstudio's `nerfstudio_dataparser.py` is the reference for the m
   downscaled on load; intrinsics scaled by the actual image size over `w`, `h`;
 - split: `test_filenames` (or `val_filenames`) when listed, else every `test_every`-th
   image like the COLMAP parser (gsplat's split; nerfstudio's own default is a 90% fraction).
+
+An instant-ngp file (no `camera_model`, and instant-ngp's keys such as `camera_angle_x` or
+`aabb_scale`: `is_instant_ngp`) is read as instant-ngp reads it: focal lengths from `fl_x`,
+`fl_y` or `camera_angle_x`, `camera_angle_y` (fl_y defaults to fl_x), `w`, `h` from the
+image when absent, `cx`, `cy` the centre when absent, all global or per frame; distortion
+`k1 k2 p1 p2` (OPENCV, `k3` too) or `is_fisheye` with `k1..k4`, undistorted on load; a
+`file_path` without extension is a .png; frames whose image is absent are skipped with one
+warning, as instant-ngp skips them (a nerfstudio file stops with an error naming the file,
+unless --skip_missing_images). `aabb_scale`, `scale`, `offset` and `sharpness` are ignored:
+they place and bound instant-ngp's own unit cube, and the scene is normalised here anyway;
+with no points file the trainer starts from random points in the cameras' extent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .colmap import _match_name
 from .colmap_io import Camera
-from .decode import check_sizes, downscaled_size, probe_images
+from .decode import check_sizes, downscaled_size, draft_note, probe_images
 from .errors import DataError
 from .normalize import normalize as normalize_world
 from .scene import Scene, split_every
 from .shards import TarShardSource
-from .sources import FolderSource, first_present
+from .sources import FolderSource, ONCE, first_present, keep_present
 from .undistort import undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -55,8 +68,12 @@ def _number(path: Path, where: str, key: str, value) -> float:
     return v
 
 
-def _camera(path: Path, meta: dict, frame: dict, j: int) -> Tuple[str, np.ndarray, Tuple[int, int]]:
-    """(COLMAP model name, COLMAP params, (w, h)) of frame j: its own keys, else the file's."""
+def _camera(path: Path, meta: dict, frame: dict, j: int, ingp: bool = False,
+            image_size: Optional[Callable[[], Tuple[int, int]]] = None) -> Tuple[str, np.ndarray, Tuple[int, int]]:
+    """(COLMAP model name, COLMAP params, (w, h)) of frame j: its own keys, else the file's.
+    `ingp` (instant-ngp's reading): focal lengths from fl_x/fl_y or camera_angle_x/y (fl_y
+    defaults to fl_x), w/h from `image_size()` (the frame's image) when absent, cx/cy the
+    image centre when absent, `is_fisheye` for OPENCV_FISHEYE, no camera_model."""
     def get(key, default=None):
         if key in frame:
             return _number(path, f"frame {j}", key, frame[key])
@@ -67,12 +84,23 @@ def _camera(path: Path, meta: dict, frame: dict, j: int) -> Tuple[str, np.ndarra
                             f"{', '.join(INTRINSICS)} are needed, globally or per frame)")
         return default
 
-    fx, fy, cx, cy = (get(k) for k in INTRINSICS[:4])
-    w, h = get("w"), get("h")
+    if ingp:
+        if "w" in frame or "w" in meta or "h" in frame or "h" in meta:
+            w, h = get("w"), get("h")
+        else:
+            w, h = image_size()
+        fx = _ingp_focal(path, meta, frame, j, "x", w)
+        fy = _ingp_focal(path, meta, frame, j, "y", h, fx)
+        cx, cy = get("cx", w / 2), get("cy", h / 2)
+        fisheye = frame.get("is_fisheye", meta.get("is_fisheye", False))
+        model = "OPENCV_FISHEYE" if fisheye is True or str(fisheye).lower() in ("1", "true") else "OPENCV"
+    else:
+        fx, fy, cx, cy = (get(k) for k in INTRINSICS[:4])
+        w, h = get("w"), get("h")
+        model = str(frame.get("camera_model", meta.get("camera_model", "OPENCV")))
     if fx <= 0 or fy <= 0 or w < 1 or h < 1 or w != int(w) or h != int(h):
         raise DataError(f"{path}: frame {j} has fl_x {fx}, fl_y {fy}, w {w}, h {h}: focal lengths must be > 0 "
                         "and w, h whole numbers of pixels")
-    model = str(frame.get("camera_model", meta.get("camera_model", "OPENCV")))
     if model not in MODELS:
         raise DataError(f"{path}: frame {j} 'camera_model' is {model!r}; distsplat reads {', '.join(MODELS)} "
                         "(re-run ns-process-data with --camera-type perspective or fisheye)")
@@ -86,10 +114,44 @@ def _camera(path: Path, meta: dict, frame: dict, j: int) -> Tuple[str, np.ndarra
         return "PINHOLE", np.array([fx, fy, cx, cy]), (int(w), int(h))
     if k4:
         raise DataError(f"{path}: frame {j} is OPENCV with 'k4' {k4}, which OpenCV's 5-coefficient model "
-                        "(k1, k2, p1, p2, k3) has not; remove it or use OPENCV_FISHEYE if the lens is a fisheye")
+                        "(k1, k2, p1, p2, k3) has not; remove it or use OPENCV_FISHEYE if the lens is a fisheye"
+                        + (" (instant-ngp: \"is_fisheye\": true)" if ingp else ""))
     if k3:  # OpenCV's 8-coefficient (rational) form with the denominator terms zero
         return "FULL_OPENCV", np.array([fx, fy, cx, cy, k1, k2, p1, p2, k3, 0.0, 0.0, 0.0]), (int(w), int(h))
     return "OPENCV", np.array([fx, fy, cx, cy, k1, k2, p1, p2]), (int(w), int(h))
+
+
+def _ingp_focal(path: Path, meta: dict, frame: dict, j: int, axis: str, size: float,
+                fallback: Optional[float] = None) -> float:
+    """instant-ngp's focal length along `axis` (x: w, y: h): fl_<axis>, else camera_angle_<axis>
+    (radians, the full field of view), the frame's keys before the file's; `fallback` (y: the
+    x focal length) when neither sets it."""
+    for where, keys in ((f"frame {j}", frame), ("the file's", meta)):
+        if f"fl_{axis}" in keys:
+            return _number(path, where, f"fl_{axis}", keys[f"fl_{axis}"])
+        if f"camera_angle_{axis}" in keys:
+            angle = _number(path, where, f"camera_angle_{axis}", keys[f"camera_angle_{axis}"])
+            if not 0 < angle < math.pi:
+                raise DataError(f"{path}: {where} 'camera_angle_{axis}' is {angle}; a field of view in radians "
+                                "must be in (0, pi)")
+            return 0.5 * size / math.tan(0.5 * angle)
+    if fallback is None:
+        raise DataError(f"{path}: frame {j} has no focal length: instant-ngp's transforms.json needs 'fl_x' or "
+                        "'camera_angle_x', in the frame or for the whole file")
+    return fallback
+
+
+INGP_KEYS = ("camera_angle_x", "camera_angle_y", "aabb_scale", "is_fisheye", "scale", "offset")
+
+
+def is_instant_ngp(meta: dict) -> bool:
+    """An instant-ngp transforms.json (colmap2nerf.py's, or a NeRF-synthetic-style file):
+    no `camera_model` (ns-process-data always writes one) and a key that only instant-ngp's
+    format has. nerfstudio files keep nerfstudio's reading (missing images are an error)."""
+    frames = [f for f in meta["frames"][:1] if isinstance(f, dict)]
+    if "camera_model" in meta or any("camera_model" in f for f in meta["frames"] if isinstance(f, dict)):
+        return False
+    return any(k in d for d in (meta, *frames) for k in INGP_KEYS)
 
 
 def _read_meta(path: Path) -> dict:
@@ -129,28 +191,23 @@ def load_nerfstudio(
     test_every: int = 8,
     check: bool = True,
     shards: Optional[Union[str, Path]] = None,
+    skip_missing: bool = False,
 ) -> Scene:
     """Parses `data_dir/transforms.json` (module docstring). `check=True` reads every
     image's header here, so bad images fail now on every rank; `check=False` one image per
     camera (node-local staging: the caller checks the images a rank owns,
     train/node_data.py). `shards`: an index.json of tar shards (shards.py) holding the
     frames by their file_path (e.g. `images/frame_00001.png`), read instead of the files;
-    images stored at their camera's full size are downscaled on load when factor > 1."""
+    images stored at their camera's full size are downscaled on load when factor > 1.
+    `skip_missing`: frames whose image file is absent are left out (one warning) instead of
+    a DataError; an instant-ngp file always leaves them out, as instant-ngp does."""
     data_dir = Path(data_dir)
     path = data_dir / "transforms.json"
     if factor < 1:
         raise ValueError(f"factor must be >= 1, got {factor}")
     meta = _read_meta(path)
-    frames = []
-    for j, frame in enumerate(meta["frames"]):
-        if not isinstance(frame, dict) or "file_path" not in frame or "transform_matrix" not in frame:
-            raise DataError(f"{path}: frame {j} needs 'file_path' and 'transform_matrix'")
-        frames.append((str(frame["file_path"]), j, frame))
-    frames.sort(key=lambda f: f[0])  # nerfstudio sorts frames by file name
-    names = [Path(f[0][2:] if f[0].startswith("./") else f[0]).as_posix() for f in frames]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise DataError(f"{path}: file_path {dup!r} appears in more than one frame")
+    ingp = is_instant_ngp(meta)
+    frames, names = _frames(path, meta, ingp)
 
     applied = np.eye(4)
     if "applied_transform" in meta:
@@ -165,37 +222,51 @@ def load_nerfstudio(
     c2w = np.stack([to_input @ _matrix(path, "transform_matrix", f["transform_matrix"], [(4, 4), (3, 4)], f"frame {j}")
                     @ GL_TO_CV for _, j, f in frames])  # [C, 4, 4] OpenCV axes
 
+    scaled_dir = data_dir / f"images_{factor}"
+    full_paths = [data_dir / n for n in names]  # the files the frames name
+    dropped: List[str] = []  # frames left out for an absent image
+    if shards is not None:
+        # check=False: other nodes' images may be absent from a node's staged shards
+        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
+        on_the_fly, image_dirs = False, [str(shards)]  # on_the_fly: decided by the stored sizes below
+    else:
+        on_the_fly = factor > 1 and not scaled_dir.is_dir()
+        scaled = factor > 1 and not on_the_fly
+
+        def folder(names: Sequence[str]) -> FolderSource:  # nerfstudio: images_N/<file name>
+            return FolderSource([scaled_dir / _match_name(scaled_dir, Path(n).name) for n in names] if scaled
+                                else [data_dir / n for n in names], names)
+
+        source = folder(names)
+        keep = keep_present(source, str(path), skip_missing or ingp,
+                            "instant-ngp skips them too" if ingp else "--skip_missing_images") if check else None
+        if keep is not None:
+            dropped = [names[i] for i in np.setdiff1d(np.arange(len(names)), keep).tolist()]
+            frames, names, c2w = [frames[i] for i in keep.tolist()], [names[i] for i in keep.tolist()], c2w[keep]
+            full_paths = [full_paths[i] for i in keep.tolist()]
+            source = folder(names)
+        if on_the_fly:
+            log.warning("%s does not exist: downscaling the frames' images by %d while loading%s; "
+                        "pre-downscaled images_%d/ (as ns-process-data writes) loads faster", scaled_dir, factor,
+                        draft_note(names), factor, extra=ONCE)
+        image_dirs = sorted({os.path.dirname(source.where(i)) for i in range(len(names))})
+
+    stored = probe_images(source, range(len(names))) if check else None  # [C] (w, h) of the images read
+    if stored is not None and shards is None and not (factor > 1 and not on_the_fly):  # they are the full-size files
+        full_size = lambda i: tuple(stored[i])  # noqa: E731
+    else:
+        full_size = _full_size(path, names, full_paths, check)
     # One camera per distinct (model, params, size): images of one camera share its undistortion maps.
     cams: List[Camera] = []
     ids: Dict[tuple, int] = {}
-    for _, j, frame in frames:
-        model, params, (w, h) = _camera(path, meta, frame, j)
+    for i, (_, j, frame) in enumerate(frames):
+        model, params, (w, h) = _camera(path, meta, frame, j, ingp, lambda i=i: full_size(i))
         key = (model, tuple(params.tolist()), w, h)
         if key not in ids:
             ids[key] = len(ids) + 1
         cams.append(Camera(ids[key], model, w, h, params))
 
-    scaled_dir = data_dir / f"images_{factor}"
-    if shards is not None:
-        # check=False: other nodes' images may be absent from a node's staged shards
-        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
-        on_the_fly, image_dir = False, Path(shards)  # on_the_fly: decided by the stored sizes below
-    else:
-        on_the_fly = factor > 1 and not scaled_dir.is_dir()
-        if factor > 1 and not on_the_fly:
-            paths = [scaled_dir / _match_name(scaled_dir, Path(n).name) for n in names]  # nerfstudio: images_N/<file name>
-        else:
-            if on_the_fly:
-                log.warning("%s does not exist: downscaling the frames' images by %d while loading (JPEG draft mode); "
-                            "ns-process-data's images_%d/ loads faster", scaled_dir, factor, factor)
-            paths = [data_dir / n for n in names]
-        source = FolderSource(paths, names)
-        image_dir = paths[0].parent
-        if check:
-            source.check_exist()
-    if check:
-        stored = probe_images(source, range(len(names)))
-    else:  # one image per camera size (a node-local stage holds only its ranks' images; see load_colmap)
+    if stored is None:  # one image per camera size (a node-local stage holds only its ranks' images; see load_colmap)
         of_size: Dict[Tuple[int, int], List[int]] = {}
         for i, c in enumerate(cams):
             of_size.setdefault((c.width, c.height), []).append(i)
@@ -217,16 +288,18 @@ def load_nerfstudio(
     points, rgb = _points(data_dir, meta, path)
     if len(points):
         points = (points.astype(np.float64) @ to_input[:3, :3].T + to_input[:3, 3]).astype(np.float32)
-    train, test = _split(path, meta, names, test_every)
+    train, test = _split(path, meta, names, test_every, dropped)
     transform = np.eye(4)
     if normalize:
         try:
             c2w, points, transform = normalize_world(c2w, points)
         except DataError as e:  # degenerate cameras or points: name the file
             raise DataError(f"{path}: {e}") from None
-    log.info("nerfstudio %s: %d frames, %d cameras, %d points, %d train / %d test, images from %s%s", data_dir,
-             len(names), len(ids), len(points), len(train), len(test), image_dir,
-             f" downscaled by {factor} on load" if on_the_fly else "")
+    shown = ", ".join(image_dirs[:FOLDERS_SHOWN]) + (f" (+{len(image_dirs) - FOLDERS_SHOWN} folders)"
+                                                     if len(image_dirs) > FOLDERS_SHOWN else "")
+    log.info("%s %s: %d frames, %d cameras, %d points, %d train / %d test, images from %s%s",
+             "instant-ngp" if ingp else "nerfstudio", path, len(names), len(ids), len(points), len(train), len(test),
+             shown, f" downscaled by {factor} on load" if on_the_fly else "")
     return Scene(
         names=names, camtoworlds=c2w, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1], points=points,
         points_rgb=rgb, train=train, test=test, images=source,
@@ -235,11 +308,61 @@ def load_nerfstudio(
     )
 
 
-def _split(path: Path, meta: dict, names: List[str], test_every: int):
+FOLDERS_SHOWN = 4  # image folders the load line names
+
+
+def _frames(path: Path, meta: dict, ingp: bool) -> Tuple[List[Tuple[str, int, dict]], List[str]]:
+    """([(file_path, index in the file, frame)], names relative to the folder), sorted by
+    file name as nerfstudio sorts them; instant-ngp's file_path may lack the extension
+    (then .png, as NeRF-synthetic files mean)."""
+    frames = []
+    for j, frame in enumerate(meta["frames"]):
+        if not isinstance(frame, dict) or "file_path" not in frame or "transform_matrix" not in frame:
+            raise DataError(f"{path}: frame {j} needs 'file_path' and 'transform_matrix'")
+        frames.append((str(frame["file_path"]), j, frame))
+    frames.sort(key=lambda f: f[0])  # nerfstudio sorts frames by file name
+    names = [Path(f[0][2:] if f[0].startswith("./") else f[0]).as_posix() for f in frames]
+    if ingp:
+        names = [n if Path(n).suffix else n + ".png" for n in names]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DataError(f"{path}: file_path {dup!r} appears in more than one frame")
+    return frames, names
+
+
+def _full_size(path: Path, names: Sequence[str], full_paths: Sequence[Path],
+               check: bool) -> Callable[[int], Tuple[int, int]]:
+    """frame i -> (w, h) of the image its file_path names, for instant-ngp frames without
+    'w'/'h' (instant-ngp reads each image's size): every image's header when checking, else
+    the first present one's (a node-local stage; the owners' checks compare the rest)."""
+    source = FolderSource(full_paths, names)
+    sizes: Dict[int, Tuple[int, int]] = {}
+    probed: List[int] = []  # check=False: the one image probed
+
+    def size(i: int) -> Tuple[int, int]:
+        if not check:
+            if not probed:
+                probed.append(first_present(source, f"{path} (frames without 'w'/'h')"))
+            i = probed[0]
+        if i not in sizes:
+            if not source.has(i):
+                raise DataError(f"{path}: frame {names[i]!r} has no 'w'/'h' and its full-size image {full_paths[i]} "
+                                "is absent, so its size is unknown; add 'w' and 'h' to the file")
+            sizes[i] = tuple(probe_images(source, [i])[0])
+        return sizes[i]
+
+    return size
+
+
+def _split(path: Path, meta: dict, names: List[str], test_every: int, dropped: Sequence[str] = ()):
+    """(train, test): the frames test_filenames (or val_filenames) lists, less the `dropped`
+    ones left out for an absent image, else every test_every-th frame."""
     for key in ("test_filenames", "val_filenames"):
         if key in meta:
             pos = {n: i for i, n in enumerate(names)}
             listed = [str(n)[2:] if str(n).startswith("./") else str(n) for n in meta[key]]
+            gone = set(dropped)
+            listed = [n for n in listed if n not in gone]
             unknown = [n for n in listed if n not in pos]
             if unknown:
                 raise DataError(f"{path}: '{key}' lists {unknown[:3]}, which are no frame's file_path")
@@ -255,8 +378,7 @@ PLY_TYPES = {"float": "f4", "float32": "f4", "double": "f8", "float64": "f8", "u
 
 def _points(data_dir: Path, meta: dict, path: Path) -> Tuple[np.ndarray, np.ndarray]:
     """([P, 3] float32, [P, 3] uint8) from `ply_file_path`, or empty when the key is absent."""
-    if "ply_file_path" not in meta:
-        log.info("%s has no 'ply_file_path': no initial points (use --init_type random)", path)
+    if "ply_file_path" not in meta:  # the load line says 0 points, the trainer how it initialises
         return np.zeros((0, 3), np.float32), np.zeros((0, 3), np.uint8)
     ply = data_dir / str(meta["ply_file_path"])
     if not ply.is_file():

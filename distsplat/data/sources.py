@@ -89,6 +89,46 @@ def first_present(source: ImageSource, where: object, indices: Optional[Sequence
                     "stage at least one of them on this node (scripts/stage_nodes.py) or give the right --data_dir")
 
 
+SHOWN = 3  # absent images named in keep_present's warning
+# A log record every rank emits alike: printed by rank 0 only (distributed.setup_logging's filter)
+ONCE = {"same_on_every_rank": True}
+
+
+Lister = Union[str, Callable[[int], str]]  # the file that lists the images, or camera index -> that file
+
+
+def missing_message(source: ImageSource, missing: Sequence[int], model: Lister) -> str:
+    """The error for images that `model` lists and the folder lacks: what to do about it."""
+    listed_in = model(missing[0]) if callable(model) else model
+    return (f"image file {source.where(missing[0])} is missing ({len(missing)} of {len(source)} images missing); "
+            f"restore it, remove it from {listed_in}, or pass --skip_missing_images to train without the missing images")
+
+
+def keep_present(source: "FolderSource", model: Lister, skip: bool,
+                 why: str = "--skip_missing_images") -> Optional[np.ndarray]:
+    """[C_kept] int64 indices of the cameras whose image file exists, or None when all do.
+    Absent ones are a DataError (missing_message) unless `skip`: then one warning names
+    how many and the first few, and the caller drops them (`why`: what made it skip).
+    Every rank sees the same files, so every rank drops the same cameras. `model`: the
+    file that lists the images (what the messages name), or a function of the camera index."""
+    missing = source.missing()
+    if not missing:
+        return None
+    if not skip:
+        raise DataError(missing_message(source, missing, model))
+    if callable(model):
+        model = model(missing[0])
+    if len(missing) == len(source):
+        raise DataError(f"{model}: none of its {len(source)} images exists (the first: {source.where(0)}); "
+                        "put the images where the file's paths point, or pass the right --data_dir")
+    first = ", ".join(source.names[i] for i in missing[:SHOWN])
+    first += f", +{len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
+    n = len(missing)
+    log.warning("%s lists %d %s absent, training on the other %d (%s): %s", model, n,
+                "images that are" if n > 1 else "image that is", len(source) - n, why, first, extra=ONCE)
+    return np.setdiff1d(np.arange(len(source), dtype=np.int64), np.asarray(missing, dtype=np.int64))
+
+
 class FolderSource(ImageSource):
     """Images as files: `paths[i]` is camera i's file."""
 
@@ -101,13 +141,16 @@ class FolderSource(ImageSource):
         else:
             self.names = names if isinstance(names, NameList) else list(names)
 
-    def check_exist(self) -> None:
-        """Every file present, else DataError naming the first missing (and how many)."""
-        missing = [p for p in self.paths if not os.path.isfile(p)]
+    def missing(self) -> List[int]:
+        """Indices of the cameras whose image file is absent (one stat per image)."""
+        return [i for i, p in enumerate(self.paths) if not os.path.isfile(p)]
+
+    def check_exist(self, model: "Lister" = "the scene's model") -> None:
+        """Every file present, else DataError naming the first missing (and how many) and
+        `model`, the file that lists the images (e.g. `.../transforms.json`)."""
+        missing = self.missing()
         if missing:
-            raise DataError(f"image file {missing[0]} is missing ({len(missing)} of {len(self.paths)} images missing); "
-                            "restore it, or remove its image from the scene's model (COLMAP images.bin/.txt, "
-                            "Blender transforms_*.json)")
+            raise DataError(missing_message(self, missing, model))
 
     def read(self, index: int) -> bytes:
         try:

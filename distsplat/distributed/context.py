@@ -258,6 +258,10 @@ class _RankFilter(logging.Filter):
         self.prefix = f"[rank {rank}] "
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # A warning every rank raises alike (e.g. the data layer's, from files all ranks read,
+        # logged with extra={"same_on_every_rank": True}) is rank 0's to print, once.
+        if getattr(record, "same_on_every_rank", False):
+            return False
         if not str(record.msg).startswith(self.prefix):
             record.msg = self.prefix + str(record.msg)
         return True

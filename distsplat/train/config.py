@@ -36,7 +36,19 @@ class SyntheticConfig:
 @dataclass
 class Config:
     data_dir: Optional[str] = None
-    """Scene folder (COLMAP: images/, sparse/0; Blender: transforms_*.json). None: the built-in synthetic scene."""
+    """Scene folder: COLMAP (images/ + sparse/0/, or a model one folder down such as colmap_sparse/0/), Blender/
+    NeRF-synthetic (transforms_train.json, transforms_test.json), nerfstudio or instant-ngp (transforms.json). With
+    several, a COLMAP model is read (it has the points) and the log says what else is there. None: the built-in
+    synthetic scene."""
+    data_format: Literal["auto", "colmap", "blender", "transforms"] = "auto"
+    """Which scene description of --data_dir to read when it holds several: colmap (a COLMAP model), blender
+    (transforms_train.json) or transforms (transforms.json, nerfstudio or instant-ngp). auto: the first of these found."""
+    colmap_dir: Optional[str] = None
+    """The COLMAP model folder to read (relative to --data_dir when relative), e.g. colmap_sparse/0; the images
+    still come from --data_dir's images/ (images_N/). None: sparse/0, sparse/, or the one found a folder down."""
+    skip_missing_images: bool = False
+    """Train without the images that the scene's model lists but the folder lacks (one warning naming them) instead
+    of stopping. An instant-ngp transforms.json always skips them, as instant-ngp does."""
     data_factor: int = 4
     """Downscale factor of the images (reads images_N/ when present, else resizes on load)."""
     result_dir: str = "results/default"
@@ -67,9 +79,14 @@ class Config:
     ckpt: Optional[str] = None
     """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks."""
 
-    init_type: Literal["sfm", "random"] = "sfm"
+    init_type: Literal["auto", "sfm", "random"] = "auto"
+    """Initial Gaussians: sfm (the scene's sparse points; an error when it has none), random (--init_num_pts
+    points in a cube of half-size --init_extent x the cameras' extent), auto: sfm when the scene has points,
+    else random, and the log says which."""
     init_num_pts: int = 100_000
+    """Points of a random initialisation."""
     init_extent: float = 3.0
+    """Half-size of a random initialisation's cube, in units of the scene scale (the cameras' extent)."""
     init_opa: float = 0.1
     init_scale: float = 1.0
     sh_degree: int = 3
@@ -270,6 +287,14 @@ class Config:
         for ok, flag, msg in checks:
             if not ok:
                 raise ValueError(f"{flag} {msg}")
+        for flag, set_ in (("--data_format", self.data_format != "auto"), ("--colmap_dir", self.colmap_dir is not None),
+                           ("--skip_missing_images", self.skip_missing_images)):
+            if set_ and self.data_dir is None:
+                raise ValueError(f"{flag} chooses how --data_dir is read: pass --data_dir too (without it the "
+                                 "built-in synthetic scene is trained)")
+        if self.colmap_dir is not None and self.data_format not in ("auto", "colmap"):
+            raise ValueError(f"--colmap_dir {self.colmap_dir} reads a COLMAP model, --data_format {self.data_format} "
+                             "another description: pass one of them")
         if self.data_shards is not None and self.data_dir is None:
             raise ValueError("--data_shards needs --data_dir: the scene's model (COLMAP sparse/, transforms*.json) "
                              "is read from there, the images from the shards")

@@ -8,7 +8,7 @@ ranks."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -28,9 +28,21 @@ def test_owners(n_test: int, world_size: int) -> List[Tuple[int, int]]:
     return chunk_bounds(n_test, world_size)
 
 
+def render_stem(name: str) -> str:
+    """A test image's name as render files and TensorBoard tags show it: without its
+    extension (the file is a PNG whatever the image was), without a leading images/ or
+    images_N/ folder (nerfstudio names carry it, COLMAP names are inside it, so both loaders
+    give one name), its subfolders joined by "_" (renders/ stays one flat folder):
+    images/robot/000.jpg -> robot_000."""
+    parts = PurePosixPath(name.replace("\\", "/")).with_suffix("").parts
+    if len(parts) > 1 and (parts[0] == "images" or (parts[0].startswith("images_") and parts[0][7:].isdigit())):
+        parts = parts[1:]
+    return "_".join(p for p in parts if p not in ("", ".", ".."))
+
+
 def render_name(renders_dir: Path, step: int, name: str) -> Path:
     """The side-by-side (ground truth | render) PNG of one test image."""
-    return renders_dir / f"val_step{step:04d}_{name}.png"
+    return renders_dir / f"val_step{step:04d}_{render_stem(name)}.png"
 
 
 @torch.no_grad()

@@ -87,6 +87,26 @@ def random_points(n: int, extent: float, seed: int = 0) -> Tuple[Tensor, Tensor]
     return points, torch.rand(n, 3, generator=g)
 
 
+def init_kind(init_type: str, num_points: int) -> str:
+    """The initialisation to run, "sfm" or "random": --init_type, with auto resolved by whether
+    the scene has sparse points; ValueError for an explicit sfm on a scene without them (the
+    same on every rank)."""
+    if init_type == "sfm" and num_points == 0:
+        raise ValueError("--init_type sfm: the scene has no sparse points; use --init_type random (or auto, the "
+                         "default: random points when the scene has none)")
+    if init_type == "auto":
+        return "sfm" if num_points else "random"
+    return init_type
+
+
+def init_line(init: str, num: int, extent: float, scale: float) -> str:
+    """The log line of --init_type auto's choice."""
+    if init == "sfm":
+        return f"init: the scene's {num} SfM points (--init_type auto)"
+    return (f"init: the scene has no SfM points: {num} random points in a cube of half-size {extent * scale:.3f} "
+            f"(--init_extent {extent:g} x the cameras' extent {scale:.3f}; --init_type auto, --init_num_pts sets how many)")
+
+
 # Base learning rates of gsplat's simple_trainer (means scaled by the scene size).
 BASE_LRS = {
     "means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2,

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from .evaluate import METRICS, render_name
+from .evaluate import METRICS, render_name, render_stem
 from .outputs import TensorBoard, write_json
 
 log = logging.getLogger(__name__)
@@ -52,5 +52,5 @@ def report_eval(result_dir: Path, step: int, stats: Dict[str, Any], per_image: D
     if tb is not None:
         tb.scalars(step, {f"val/{k}": stats[k] for k in METRICS if stats.get(k) is not None})
         for name in names[:num_renders]:  # their owners wrote them before the scores' all-reduce
-            tb.image(f"val/{name}", render_name(result_dir / "renders", step, name), step)
+            tb.image(f"val/{render_stem(name)}", render_name(result_dir / "renders", step, name), step)
     return stats

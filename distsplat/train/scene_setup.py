@@ -1,5 +1,5 @@
 """From --data_dir (and --data_shards: the images in tar shards) to a `Scene` whose images can be read:
-COLMAP, Blender or nerfstudio folders, or the
+COLMAP, Blender, nerfstudio or instant-ngp folders, or the
 built-in synthetic scene, whose ground-truth images this layer renders (the data layer
 never renders): each rank renders only the images of cameras it owns, when first read."""
 
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..data import DataError, Scene, load_blender, load_colmap, load_nerfstudio, make_synthetic_scene
+from ..data.discover import choose, describe_choice
 from ..data.shards import TarShardSource
 from ..data.synthetic import attach_images
 from ..data.tabletop import make_tabletop_scene
@@ -40,7 +41,8 @@ def load_scene(cfg: Config) -> Scene:
         return attach_images(scene, lambda i: render_ground_truth(scene, i))
     shards = shard_index(cfg.data_dir, cfg.data_shards)
     scene = load_scene_dir(cfg.data_dir, cfg.data_factor, cfg.normalize_world_space, cfg.test_every,
-                           check=not checks_own_images(cfg), shards=shards)
+                           check=not checks_own_images(cfg), shards=shards, data_format=cfg.data_format,
+                           colmap_dir=cfg.colmap_dir, skip_missing=cfg.skip_missing_images)
     if shards is not None and not cfg.node_local_data:
         check_all_indexed(scene)  # shared shards hold every image; node-local ones only the node's
     return scene
@@ -84,26 +86,29 @@ def check_all_indexed(scene: Scene) -> None:
 
 
 def load_scene_dir(data_dir: Union[str, Path], factor: int = 1, normalize: bool = False, test_every: int = 8,
-                   check: bool = True, shards: Optional[Path] = None) -> Scene:
-    """The COLMAP, Blender or nerfstudio scene in `data_dir`, by the files it holds (the
-    trainer's and scripts/stage_nodes.py's one way to read a scene). `check=False`: the
-    loader reads one image per camera, the caller checks each rank's own (node_data.py)."""
+                   check: bool = True, shards: Optional[Path] = None, data_format: str = "auto",
+                   colmap_dir: Optional[str] = None, skip_missing: bool = False) -> Scene:
+    """The COLMAP, Blender, nerfstudio or instant-ngp scene in `data_dir`, by the files it holds
+    (the trainer's and scripts/stage_nodes.py's one way to read a scene): data/discover.py
+    finds every description in the folder and picks one (a COLMAP model first, it has the
+    points; --data_format or --colmap_dir choose), and one line says which when there was a
+    choice. `check=False`: the loader reads one image per camera, the caller checks each
+    rank's own (node_data.py). `skip_missing`: --skip_missing_images."""
     root = Path(data_dir)
     if not root.is_dir():
         raise DataError(f"--data_dir {root} does not exist or is not a folder")
-    if (root / "transforms_train.json").is_file():
-        return load_blender(root, normalize=normalize, check=check, shards=shards)
-    if (root / "sparse").is_dir():
+    chosen, others = choose(root, data_format, colmap_dir)
+    line = describe_choice(root, chosen, others, data_format, colmap_dir)
+    if line is not None:
+        log.info("%s", line)
+    if chosen.format == "blender":
+        return load_blender(root, normalize=normalize, check=check, shards=shards, skip_missing=skip_missing)
+    if chosen.format == "colmap":
+        standard = chosen.path in (root / "sparse" / "0", root / "sparse")  # colmap.find_model's places
         return load_colmap(root, factor=factor, normalize=normalize, test_every=test_every, check=check,
-                           shards=shards)
-    if (root / "transforms.json").is_file():
-        return load_nerfstudio(root, factor=factor, normalize=normalize, test_every=test_every, check=check,
-                               shards=shards)
-    raise DataError(
-        f"--data_dir {root} is not a scene: expected a COLMAP capture (images/ and sparse/0/), "
-        "a Blender/NeRF-synthetic folder (transforms_train.json) or a nerfstudio capture "
-        "(transforms.json); omit --data_dir to train on the built-in synthetic scene"
-    )
+                           shards=shards, model_dir=None if standard else chosen.path, skip_missing=skip_missing)
+    return load_nerfstudio(root, factor=factor, normalize=normalize, test_every=test_every, check=check,
+                           shards=shards, skip_missing=skip_missing)
 
 
 def render_ground_truth(scene: Scene, index: int) -> np.ndarray:

@@ -49,7 +49,7 @@ from .metrics import report_eval
 from .trajectory import camera_path
 from .video import render_frames, write_mp4
 from .gaussians import (activated, adam_step, check_finite_params, create_optimizers, from_float_rows,
-                        init_gaussians, initial_ids, random_points, to_float_rows)
+                        init_gaussians, init_kind, init_line, initial_ids, random_points, to_float_rows)
 from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
@@ -161,13 +161,14 @@ class Trainer:
 
     def _init_gaussians(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        if cfg.init_type == "sfm":
-            if len(self.scene.points) == 0:
-                raise ValueError("--init_type sfm: the scene has no sparse points; use --init_type random")
+        init = init_kind(cfg.init_type, len(self.scene.points))
+        if init == "sfm":
             points = torch.from_numpy(self.scene.points).float()
             rgbs = torch.from_numpy(self.scene.points_rgb).float() / 255.0
         else:
             points, rgbs = random_points(cfg.init_num_pts, cfg.init_extent * self.scene_scale, cfg.seed)
+        if ctx.is_main and cfg.init_type == "auto" and cfg.ckpt is None:
+            log.info("%s", init_line(init, len(points), cfg.init_extent, self.scene_scale))
         self.n_all = len(points)
         bounds = chunk_bounds(self.n_all, ctx.world_size)[ctx.rank]
         self.params = init_gaussians(points, rgbs, cfg.sh_degree, bounds, init_opacity=cfg.init_opa,
@@ -276,7 +277,10 @@ class Trainer:
                 loss_sum, loss_n = loss_sum + loss, loss_n + 1
             else:  # masked on the device: a skipped step's loss is left out of the average
                 loss_sum, loss_n = loss_sum + torch.where(found > 0, 0.0, loss), loss_n + (1.0 - found)
-            log_step = done % cfg.log_every == 0 or done == cfg.max_steps
+            # The first step logs too: a slow run (CPU, big images) shows it is alive and its pace
+            # before --log_every steps; a step count, not a clock, so every rank agrees (the work
+            # summary below is a collective)
+            log_step = done % cfg.log_every == 0 or done == cfg.max_steps or done == self.start_step + 1
             # The flags are read on the host lazily, all of them before a log, save or eval (faults.py)
             if self.divergence.poll(done, flush=log_step or done in save_steps or done in eval_steps):
                 # --max_bad_steps in a row: keep the last good state (no bad step changed it), stop

@@ -161,7 +161,7 @@ STARTED = {"cfg.yml", "tb"}
 
 
 # --- images
-@case(f"images/{BROKEN} is missing")
+@case(f"images/{BROKEN} is missing (1 of 12 images missing); restore it, remove it from ")
 def missing_image(b: Bench):
     scene = b.colmap()
     (scene / "images" / BROKEN).unlink()
@@ -346,6 +346,26 @@ def nerfstudio_missing_intrinsic(b: Bench):
     return ["--data_dir", str(ns), "--data_factor", "1"]
 
 
+@case("transforms.json, or pass --skip_missing_images to train without the missing images")
+def nerfstudio_missing_image(b: Bench):
+    """A nerfstudio file (it has a camera_model) keeps the error for an absent image, naming
+    the file it read; an instant-ngp file would skip the frame, as instant-ngp does."""
+    ns = colmap_to_nerfstudio(b.colmap(), b.tmp / "ns")
+    (ns / "images" / BROKEN).unlink()
+    return ["--data_dir", str(ns), "--data_factor", "1"]
+
+
+# --- scene discovery
+@case("--colmap_dir nope: ")
+def colmap_dir_without_model(b: Bench):
+    return colmap_args(b.colmap(), "--colmap_dir", "nope")
+
+
+@case("--data_format transforms: --data_dir ")
+def data_format_absent(b: Bench):
+    return colmap_args(b.colmap(), "--data_format", "transforms")
+
+
 # --- Blender
 @case("transforms_train.json: malformed JSON")
 def blender_invalid_json(b: Bench):
@@ -428,7 +448,7 @@ def batch_larger_than_a_ranks_cameras(b: Bench):
 
 @case("--init_type sfm: the scene has no sparse points; use --init_type random")
 def blender_with_sfm_init(b: Bench):
-    """The default --init_type on a Blender scene, which has no sparse points."""
+    """An explicit --init_type sfm on a Blender scene, which has no sparse points (auto, the default, goes random)."""
     return ["--data_dir", str(b.blender()), "--init_type", "sfm"]
 
 

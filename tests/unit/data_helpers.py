@@ -243,3 +243,80 @@ def make_mixed_size_colmap(root: Path, sizes=((40, 30), (24, 32)), num_cameras: 
         Image.fromarray((render_view(scene, i, K, cam.width, cam.height) * 255).round().astype(np.uint8)).save(root / "images" / f"{name}.png")
     colmap_io.write_model_bin(model, root / "sparse" / "0")
     return root
+
+
+# ------------------------------------------------------------------ captures as users find them (issue 34)
+
+GL_TO_CV = np.diag([1.0, -1.0, -1.0, 1.0])
+
+
+def make_instant_ngp(root: Path, num_cameras: int = 12, width: int = 64, height: int = 48,
+                     missing: Tuple[int, ...] = (), k1: float = 0.0, per_frame: bool = False, with_size: bool = True,
+                     ext: str = ".jpg", folder: str = "images") -> Path:
+    """root/{transforms.json, images/NNNN.jpg}: what instant-ngp's colmap2nerf.py writes
+    (camera_angle_x/y, fl_x/fl_y, cx/cy, k1 k2 p1 p2, w/h, aabb_scale; no camera_model, no
+    points file, no split lists; frames in file order with './' paths and a sharpness), for
+    the synthetic scene; the frames at `missing` are listed but their image is not written
+    (as a repository that removed some images and kept the json). `per_frame`: the
+    intrinsics in each frame instead of the file; `with_size=False`: no w/h (read from the
+    images)."""
+    scene = make_synthetic_scene(num_cameras=num_cameras, num_gaussians=300, width=width, height=height)
+    K = scene.Ks[0]
+    fx, fy, cx, cy = float(K[0, 0]), float(K[1, 1]), float(K[0, 2]), float(K[1, 2])
+    cam = {"camera_angle_x": 2 * np.arctan(width / (2 * fx)), "camera_angle_y": 2 * np.arctan(height / (2 * fy)),
+           "fl_x": fx, "fl_y": fy, "k1": k1, "k2": 0.0, "p1": 0.0, "p2": 0.0, "cx": cx, "cy": cy}
+    if with_size:
+        cam.update(w=width, h=height)
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    frames = []
+    for i in range(num_cameras):
+        name = f"{folder}/{i:04d}{ext}"
+        frame = {"file_path": f"./{name}", "sharpness": 50.0 + i, "transform_matrix": (scene.camtoworlds[i] @ GL_TO_CV).tolist()}
+        if per_frame:
+            frame.update(cam)
+        frames.append(frame)
+        if i not in missing:
+            Image.fromarray(splat_points(scene, i)).save(root / name, quality=95)
+    meta = ({} if per_frame else dict(cam)) | {"aabb_scale": 16, "frames": frames}
+    (root / "transforms.json").write_text(json.dumps(meta, indent=2))
+    return root
+
+
+def make_two_camera_capture(root: Path, num_cameras: int = 12, model_dir: str = "colmap_sparse/0") -> Path:
+    """The issue-34 layout of a two-camera COLMAP capture: PNGs in per-camera subfolders
+    images/cam_a/, images/cam_b/ (two PINHOLE cameras of different sizes), the model (with
+    its points) in `model_dir` instead of sparse/0, and beside it a colmap2nerf-style
+    instant-ngp transforms.json of the same frames (no points)."""
+    scene = make_synthetic_scene(num_cameras=num_cameras, num_gaussians=300, width=64, height=48)
+    model = scene_to_model(scene)
+    sizes = {1: ("cam_a", 64, 48), 2: ("cam_b", 48, 40)}
+    f0 = scene.Ks[0][0, 0] / 64
+    model.cameras = {cid: colmap_io.Camera(cid, "PINHOLE", w, h, np.array([f0 * w, f0 * w, w / 2, h / 2]))
+                     for cid, (_, w, h) in sizes.items()}
+    frames = []
+    for i in range(num_cameras):
+        cid = i % 2 + 1
+        sub, w, h = sizes[cid]
+        name = f"{sub}/{i:03d}.png"
+        im = model.images[i + 1]
+        model.images[i + 1] = colmap_io.Image(im.id, im.qvec, im.tvec, cid, name)
+        (root / "images" / sub).mkdir(parents=True, exist_ok=True)
+        view = make_view(scene, i, model.cameras[cid])
+        Image.fromarray(view).save(root / "images" / name)
+        frames.append({"file_path": f"images/{name}", "transform_matrix": (scene.camtoworlds[i] @ GL_TO_CV).tolist(),
+                       "fl_x": f0 * w, "fl_y": f0 * w, "cx": w / 2, "cy": h / 2, "w": w, "h": h})
+    colmap_io.write_model_bin(model, root / model_dir)
+    (root / "transforms.json").write_text(json.dumps({"aabb_scale": 4, "frames": frames}, indent=1))
+    return root
+
+
+def make_view(scene, index: int, cam) -> np.ndarray:
+    """[h, w, 3] uint8 of the scene's points seen by camera `index`'s pose through PINHOLE `cam`."""
+    from distsplat.data.scene import Scene
+
+    fx, fy, cx, cy = cam.params
+    one = Scene(names=["v"], camtoworlds=scene.camtoworlds[index][None],
+                Ks=np.array([[[fx, 0, cx], [0, fy, cy], [0, 0, 1.0]]]), widths=np.array([cam.width]),
+                heights=np.array([cam.height]), points=scene.points, points_rgb=scene.points_rgb,
+                train=np.array([0]), test=np.array([], np.int64), images=None)
+    return splat_points(one, 0)
