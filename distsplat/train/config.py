@@ -165,6 +165,12 @@ class Config:
     Blender/nerfstudio frames by their file_path (pack --data_dir). Each rank reads only its own images (their
     headers checked at setup); images at the cameras' full size are downscaled on load when --data_factor > 1."""
 
+    # --- Outputs in known coordinates (issue 32; train/coords.py)
+    ply_frame: Literal["normalized", "capture"] = "normalized"
+    """World of the PLYs and R/cameras.json: normalized (the world the model trains in, as gsplat's PLY; with
+    --normalize_world_space the input is centred, rotated and scaled on load) or capture (the input's own, e.g.
+    COLMAP's: means, scales, rotations and SH colours transformed back). R/transform.json holds the 4x4 either way."""
+
     disable_viewer: bool = False
     """Do not start the live viewer (viser, on rank 0)."""
     port: int = 8080

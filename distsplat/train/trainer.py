@@ -54,6 +54,7 @@ from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json
+from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_frame_files
 from .faults import DivergenceGuard, SaveGuard
 from .balance import WorkMeter
 from ..data.heap import TRIM_FROM, trim_heap
@@ -320,6 +321,8 @@ class Trainer:
             # JSON is valid YAML: the resolved config without a YAML dependency.
             name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
             write_json(self.result_dir / name, self.cfg.to_dict())
+            if not (self.cfg.eval_only or self.cfg.render_only):  # the world of this run's PLYs (coords.py)
+                write_frame_files(self.result_dir, self.scene, self.cfg.ply_frame)
 
     def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
@@ -544,7 +547,8 @@ class Trainer:
         def finalize() -> None:  # rank 0, once every shard is written
             epoch, in_epoch = self._batch_pos(step)
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
-                     "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch}}
+                     "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
+                     "frame": frame_info(self.scene.transform, NORMALIZED)}  # the checkpoint's Gaussians' world
             ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
             newer = ck.newer_checkpoints(root, step)
             if newer and not self._warned_newer:
@@ -556,8 +560,10 @@ class Trainer:
         saved = self.saves.checkpoint(step, payload, finalize)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
-            export_ply(self.result_dir, step, dict(self.params) if self.app is None else self.app.baked(self.params),
-                       start, self.n_all, ctx, self.saves)  # --app_opt: colours baked as gsplat
+            gaussians = dict(self.params) if self.app is None else self.app.baked(self.params)  # --app_opt: as gsplat
+            if self.cfg.ply_frame == CAPTURE:
+                gaussians = to_capture(gaussians, self.scene.transform)
+            export_ply(self.result_dir, step, gaussians, start, self.n_all, ctx, self.saves)
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
 

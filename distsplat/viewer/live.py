@@ -119,7 +119,10 @@ class LiveViewer:
         if main:
             self.pacer.observe_steps(t0, step)
             if not self._view_set and getattr(trainer, "viewmats", None) is not None:
-                c2w = torch.linalg.inv(trainer.viewmats[:].detach().double().cpu()).numpy()  # [:]: a Viewmats too
+                # The first training camera's view (a test camera may come first in the scene)
+                train = getattr(trainer, "train_np", None)
+                c2w = torch.linalg.inv(trainer.viewmats[train if train is not None else slice(None)]
+                                       .detach().double().cpu()).numpy()  # a Viewmats indexes by host arrays
                 self.server.set_initial_view(*initial_view(c2w))
                 self._view_set = True
         model = trainer_model(trainer, step)
