@@ -131,7 +131,7 @@ def tyro_summary(text: str) -> str:
 QUIET_EXIT_DELAY_S = 5.0
 
 
-# An extension attaches to the trainer before setup (e.g. the live viewer, a layer above
+# An extension attaches to the trainer after setup (e.g. the live viewer, a layer above
 # this one, wired in by distsplat.app) and returns a function that releases it, or None.
 Extension = Callable[[Config, Any, Any], Optional[Callable[[], None]]]
 
@@ -159,14 +159,15 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         check_shared(ctx, cfg.result_dir)  # several nodes: one result dir for all (shared_dir.py)
         if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
             cfg.disable_viewer = True
-        for extension in extensions:  # each agrees on its own start-up errors
-            closers.append(extension(cfg, ctx, trainer))
         error = None
         try:
             trainer.setup()
         except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
             error = e
         raise_together(ctx, error, "setup")
+        # Only now (flags, data and checkpoint are good): a viewer's banner never precedes a bad input's error
+        for extension in extensions:  # each agrees on its own start-up errors
+            closers.append(extension(cfg, ctx, trainer))
         if cfg.eval_only:
             return trainer.eval_only()
         if cfg.render_only:

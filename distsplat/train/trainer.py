@@ -84,6 +84,9 @@ class Trainer:
         # that need collectives must call them on every rank in the same order; with no hook
         # the loop does no extra work.
         self.step_hooks: List[Callable[["Trainer", int], None]] = []
+        # Called as hook(trainer) on EVERY rank once training ended, saved and evaluated (e.g.
+        # the viewer's --viewer_keep_open); the same collective rule as step_hooks.
+        self.end_hooks: List[Callable[["Trainer"], None]] = []
         self.where = "during setup"  # for failure reports: what this rank was doing
 
         self._warned_newer = False
@@ -311,6 +314,9 @@ class Trainer:
         if progress is not None:
             progress.close()
         self.saves.report_end(self.metrics)  # which saves a full disk skipped
+        self.where = "after training"
+        for hook in self.end_hooks:
+            hook(self)
         return self.metrics
 
     def _open_outputs(self) -> None:
