@@ -29,8 +29,9 @@ def test_owners(n_test: int, world_size: int) -> List[Tuple[int, int]]:
 
 
 def render_name(renders_dir: Path, step: int, name: str) -> Path:
-    """The side-by-side (ground truth | render) PNG of one test image."""
-    return renders_dir / f"val_step{step:04d}_{name}.png"
+    """The side-by-side PNG of one test image, ground truth left, render right, as its name
+    says: image `input_0001.jpg` at step 300 -> val_step0300_input_0001_gt-vs-render.png."""
+    return renders_dir / f"val_step{step:04d}_{Path(name).with_suffix('').as_posix()}_gt-vs-render.png"
 
 
 @torch.no_grad()

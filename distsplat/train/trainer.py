@@ -44,7 +44,7 @@ from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
 from .app_opt import check_resume as check_app_resume, colour_kwargs, setup_app_opt
 from .evaluate import evaluate, test_owners
-from .lpips import load_lpips
+from .lpips import load_lpips, short_lpips_note
 from .metrics import report_eval
 from .trajectory import camera_path
 from .video import render_frames, write_mp4
@@ -115,10 +115,8 @@ class Trainer:
         self.test_idx = torch.as_tensor(scene.test, dtype=torch.int64)  # [C_test]
         W, r = ctx.world_size, ctx.rank
         self.pose = setup_pose_opt(cfg, self.viewmats, self.train_idx, cfg.batch_size * W)  # None without --pose_opt
-        try:
-            self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
-        except ValueError as e:
-            raise ValueError(f"--batch_size {cfg.batch_size}: {e}") from None
+        check_batch_size(len(self.train_idx), W, cfg.batch_size)
+        self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
         self.app = setup_app_opt(cfg, len(self.train_idx), self.batcher.own_cameras(r), cfg.batch_size * W,
                                  self.device)  # None without --app_opt; embeddings of own images only
         t0, t1 = test_owners(len(self.test_idx), W)[r]
@@ -151,8 +149,8 @@ class Trainer:
         self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
                                             min_side=int(min(scene.widths.min(), scene.heights.min())))
         self.lpips_skipped = None if self.lpips is not None else lpips_note
-        if ctx.is_main:
-            log.info("%s", lpips_note)
+        if ctx.is_main:  # a skip's full advice goes into val_stepNNNN.json; the log keeps one short line
+            log.info("%s", lpips_note if self.lpips is not None else short_lpips_note(lpips_note))
         if cfg.eval_only or cfg.render_only:  # no training: no training images to read ahead
             return
         self.loader = ImageLoader(
@@ -218,7 +216,7 @@ class Trainer:
                                         advice=advice, device=self.device, limit_source=source)
         self.strategy.growth_check = self.memory_guard.allow
         self._rebalance_held = False
-        if self.ctx.is_main:
+        if self.ctx.is_main and not (cfg.eval_only or cfg.render_only):  # nothing grows without training
             b, r = bytes_per_gaussian(dict(self.params), accumulators)
             log.info("memory guard: growth stops past %.0f%% of %s per rank (%s); %d B per Gaussian "
                      "+ %d B per held Gaussian while growing", 100 * cfg.memory_fraction, fmt_bytes(limit),
@@ -629,9 +627,9 @@ class Trainer:
             set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
             seed_rank_rng(self.cfg.seed, self.ctx.rank, self.start_step)
-        state = meta["state"]["batcher"]
-        self.batcher.load_state_dict(state)
-        self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
+        if not (self.cfg.eval_only or self.cfg.render_only):  # no training: no batch sequence to continue
+            self.batcher.load_state_dict(meta["state"]["batcher"])
+            self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
         if self.ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
                      self.start_step, n_all, meta["world_size"], self.ctx.world_size)
@@ -644,6 +642,18 @@ class Trainer:
             self.cache.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
+    """ValueError naming the flags unless every rank can draw --batch_size distinct cameras
+    of its own each step (the batcher's shards: n_train // world_size cameras each)."""
+    if n_train >= world_size * batch_size:
+        return
+    fix = (f"pass --batch_size {n_train // world_size} or less, or run on fewer ranks" if n_train >= world_size
+           else f"run on at most {n_train} ranks (--nproc_per_node) with --batch_size 1")
+    raise ValueError(f"--batch_size {batch_size} on {world_size} rank(s) needs {world_size * batch_size} distinct "
+                     f"training cameras per step, and the scene has {n_train} ({n_train // world_size} per rank): "
+                     f"{fix}")
 
 
 def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:

@@ -112,3 +112,14 @@ def test_exit_codes_as_the_shell_sees_them(tmp_path):
     assert python_cli(["default", "--max_stepz", "5"]).returncode == 2  # tyro's code for a bad command line
     p = torchrun(bad, nproc=2)
     assert p.returncode == 1 and len(error_lines(p.stderr)) == 1, p.stderr[-3000:]
+
+
+def test_eval_only_on_other_ranks_says_only_what_matters(trained, tmp_path):
+    """--eval_only of a 1-rank checkpoint on 2 ranks: no batcher 'resuming ... epoch' warning
+    (nothing is trained), no memory-guard line, no long LPIPS note, and one final line."""
+    p = torchrun(["default", "--eval_only", "--ckpt", str(trained / "ckpts"), "--result_dir", str(tmp_path / "e"),
+                  *TINY_FLAGS], nproc=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "CameraBatcher" not in p.stderr and "memory guard" not in p.stderr, p.stderr
+    assert not [line for line in p.stderr.splitlines() if "LPIPS" in line and len(line) > 300], p.stderr
+    assert p.stdout.count("final: PSNR") == 1
