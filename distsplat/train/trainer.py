@@ -53,7 +53,7 @@ from .gaussians import (activated, adam_step, check_finite_params, create_optimi
 from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
-from .outputs import TensorBoard, export_ply, memory_gb, write_json
+from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
 from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_frame_files
 from .faults import DivergenceGuard, SaveGuard
 from .balance import WorkMeter
@@ -322,9 +322,8 @@ class Trainer:
         self.tb = TensorBoard(self.result_dir, self.ctx)
         if self.ctx.is_main:
             self.result_dir.mkdir(parents=True, exist_ok=True)
-            # JSON is valid YAML: the resolved config without a YAML dependency.
             name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
-            write_json(self.result_dir / name, self.cfg.to_dict())
+            write_yaml(self.result_dir / name, self.cfg.to_dict())  # the resolved config, as gsplat's cfg.yml
             if not (self.cfg.eval_only or self.cfg.render_only):  # the world of this run's PLYs (coords.py)
                 write_frame_files(self.result_dir, self.scene, self.cfg.ply_frame)
 

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from distsplat.train.evaluate import render_name
@@ -67,3 +68,18 @@ def test_a_skipped_lpips_is_one_short_log_line():
     long = "LPIPS skipped: no alex backbone weights in /x/" + "y" * 300 + "; pass --lpips_weights ..."
     short = short_lpips_note(long)
     assert len(short) < 240 and "pass --lpips_weights" not in short and "val_stepNNNN.json" in short
+
+
+def test_cfg_yml_is_yaml_that_reads_back_as_the_config(tmp_path):
+    """cfg.yml is YAML (as gsplat's), not JSON, and every value reads back with its type."""
+    yaml = pytest.importorskip("yaml")
+    from distsplat.train.config import default_config, mcmc_config
+    from distsplat.train.outputs import write_yaml
+
+    for cfg in (default_config(), mcmc_config()):
+        cfg.ckpt, cfg.lpips_weights, cfg.means_lr = "R/ckpts", 'odd "name": here', 1e-05
+        cfg.far_plane = float("inf")
+        write_yaml(tmp_path / "cfg.yml", cfg.to_dict())
+        text = (tmp_path / "cfg.yml").read_text()
+        assert not text.lstrip().startswith("{") and "\nstrategy:\n  type: " in text
+        assert yaml.safe_load(text) == cfg.to_dict()
