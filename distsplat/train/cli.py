@@ -22,6 +22,7 @@ from ..distributed import (
     record_for_launcher,
     setup_logging,
 )
+from .checkpoint import check_steps_left
 from .config import Config, default_config, mcmc_config
 from .outputs import check_result_dir
 from .shared_dir import check_shared
@@ -162,6 +163,8 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         error = None
         try:
             trainer.setup()
+            if cfg.ckpt is not None and not (cfg.eval_only or cfg.render_only):  # a resume that trains nothing
+                check_steps_left(trainer.ckpt_dir, trainer.start_step, cfg.max_steps, cfg.steps_scaler)
         except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
             error = e
         raise_together(ctx, error, "setup")

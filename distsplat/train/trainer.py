@@ -140,8 +140,6 @@ class Trainer:
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         if cfg.ckpt is not None:
             self._resume(cfg.ckpt)
-            if not (cfg.eval_only or cfg.render_only):  # a resume past --max_steps would train nothing
-                ck.check_steps_left(self.ckpt_dir, self.start_step, cfg.max_steps, cfg.steps_scaler)
         # The renders do not check the parameters every step: here, where they come from
         check_finite_params(self.params, f"--ckpt {cfg.ckpt}" if cfg.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")
