@@ -229,7 +229,8 @@ def check_steps_left(ckpt_dir: str, step: int, max_steps: int, steps_scaler: flo
     if step < max_steps:
         return
     if steps_scaler == 1.0:
-        stop, more = f"--max_steps {max_steps}", f"--max_steps {step + 1000} to train 1000 more steps (step + N for N more)"
+        stop = f"--max_steps {max_steps}"
+        more = f"--max_steps {step + 1000} to train 1000 more steps (step + N for N more)"
     else:  # the user typed the unscaled number
         stop = f"--max_steps x --steps_scaler {steps_scaler:g} = {max_steps}"
         more = (f"--max_steps {math.ceil((step + 1000) / steps_scaler)} to train ~1000 more steps "

@@ -186,7 +186,8 @@ def training_view(source: str) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndar
         if not is_ply and frame.get("cameras_frame") == "capture":  # the checkpoint's Gaussians are normalised
             c2w = transform_cameras(np.asarray(frame["normalized_from_capture"], dtype=np.float64), c2w)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-        log.warning("%s: not readable as a 3DGS cameras.json (%s); the view starts from the model's extent", cams_file, e)
+        log.warning("%s: not readable as a 3DGS cameras.json (%s); the view starts from the model's extent",
+                    cams_file, e)
         return None
     if len(c2w) == 0:
         return None

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
