@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from distsplat.distributed import destroy, init_distributed, setup_logging
-from distsplat.viewer import LiveViewer, RenderModel, load_model, model_view
+from distsplat.viewer import LiveViewer, RenderModel, load_model, model_view, training_view
 
 log = logging.getLogger("distsplat.viewer")
 
@@ -42,7 +42,8 @@ def main(args: Args) -> None:
     viewer = None
     try:
         model = load_model(args.ckpt, ctx)
-        view = model_view(model.params["means"])
+        # The run's first training camera (R/cameras.json), else a view framing every Gaussian
+        view = training_view(model.source) or model_view(model.params["means"])
         viewer = LiveViewer.start(ctx, args.viewer_host, args.port, max_side=args.viewer_res)
         info = (f"model: `{model.source}`  \nGaussians: {model.n_all:,} on {ctx.world_size} "
                 f"rank(s)  \nSH degree: {model.sh_degree}")

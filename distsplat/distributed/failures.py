@@ -180,8 +180,11 @@ def record_for_launcher(message: str) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    try:
+    try:  # the layout torch's own @record writes: torchrun then shows "py_callstack" as the
+        # failure's traceback and can set the exit code in it (a plain string message makes
+        # it warn "has a new message format" and skip that)
         with open(path, "w") as f:
-            json.dump({"message": message, "timestamp": int(time.time())}, f)
+            json.dump({"message": {"message": message, "extraInfo": {
+                "py_callstack": message, "timestamp": str(int(time.time()))}}}, f)
     except OSError:
         pass

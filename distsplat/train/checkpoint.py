@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -218,6 +219,26 @@ def _advice(ckpt: Path) -> str:
     if earlier:
         return f"resume from the earlier checkpoint --ckpt {earlier[-1]} or start without --ckpt"
     return "start without --ckpt (no earlier complete checkpoint is next to it)"
+
+
+def check_steps_left(ckpt_dir: str, step: int, max_steps: int, steps_scaler: float = 1.0) -> None:
+    """CheckpointError unless a resume from the checkpoint of `step` has steps to train:
+    --max_steps is the step to stop at, so a checkpoint at or past it would train nothing
+    (and once exited 0 having done nothing, issue 32). The same on every rank (each reads
+    the same meta.json), before anything is written."""
+    if step < max_steps:
+        return
+    if steps_scaler == 1.0:
+        stop = f"--max_steps {max_steps}"
+        more = f"--max_steps {step + 1000} to train 1000 more steps (step + N for N more)"
+    else:  # the user typed the unscaled number
+        stop = f"--max_steps x --steps_scaler {steps_scaler:g} = {max_steps}"
+        more = (f"--max_steps {math.ceil((step + 1000) / steps_scaler)} to train ~1000 more steps "
+                f"((step + N) / {steps_scaler:g} for N more)")
+    raise CheckpointError(
+        f"--ckpt {ckpt_dir} holds step {step}, and {stop} is not past it: nothing to train. --max_steps is "
+        f"the step to stop at, not a number of steps to add: pass {more}, or --eval_only / --render_only "
+        "to score or render this checkpoint")
 
 
 # ------------------------------------------------------------------------------ reading

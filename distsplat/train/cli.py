@@ -4,9 +4,12 @@ and `mcmc` as gsplat's simple_trainer), then run one rank's training. Runs uncha
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
+import time
 import traceback
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -19,6 +22,7 @@ from ..distributed import (
     record_for_launcher,
     setup_logging,
 )
+from .checkpoint import check_steps_left
 from .config import Config, default_config, mcmc_config
 from .outputs import check_result_dir
 from .shared_dir import check_shared
@@ -89,16 +93,46 @@ def gsplat_only_flags(args: Sequence[str]) -> "tuple[list, list]":
 
 
 def parse(args: Optional[Sequence[str]] = None) -> Config:
+    """The config of the command line. Every rank parses it alike, so only rank 0 prints
+    what tyro says (--help, a typo'd flag's box); a bad command line exits 2 (tyro's code)
+    with the box's first line in torchrun's error file, so its summary shows the cause."""
     import tyro
 
     kept, notes = gsplat_only_flags(sys.argv[1:] if args is None else list(args))
-    if os.environ.get("RANK", "0") == "0":
+    main = _rank() == 0
+    if main:
         for note in notes:
             sys.stderr.write(f"distsplat: {note}\n")
-    return tyro.extras.overridable_config_cli(CONFIGS, args=kept)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), \
+                (contextlib.nullcontext() if main else contextlib.redirect_stdout(io.StringIO())):
+            return tyro.extras.overridable_config_cli(CONFIGS, args=kept)
+    except SystemExit as e:
+        if main:
+            sys.stderr.write(err.getvalue())
+            sys.stderr.flush()
+        if e.code not in (0, None):
+            record_for_launcher(f"distsplat: error: {tyro_summary(err.getvalue())}; see --help")
+            if not main:
+                time.sleep(QUIET_EXIT_DELAY_S)  # rank 0 prints the box (see _fail)
+        raise
 
 
-# An extension attaches to the trainer before setup (e.g. the live viewer, a layer above
+def tyro_summary(text: str) -> str:
+    """The first line of tyro's error box under its title ("Unrecognized options: --max_stepz,
+    5"), without the box's borders."""
+    lines = [line.strip(" │╭╮╰╯─-\t") for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else "the command line was not understood")
+
+
+# A rank that leaves an agreed error to rank 0 waits this long before it exits (torchrun
+# ends the job when the first rank exits; rank 0 exits within milliseconds of its line).
+QUIET_EXIT_DELAY_S = 5.0
+
+
+# An extension attaches to the trainer after setup (e.g. the live viewer, a layer above
 # this one, wired in by distsplat.app) and returns a function that releases it, or None.
 Extension = Callable[[Config, Any, Any], Optional[Callable[[], None]]]
 
@@ -128,14 +162,17 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         check_shared(ctx, cfg.result_dir)  # several nodes: one result dir for all (shared_dir.py)
         if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
             cfg.disable_viewer = True
-        for extension in extensions:  # each agrees on its own start-up errors
-            closers.append(extension(cfg, ctx, trainer))
         error = None
         try:
             trainer.setup()
+            if cfg.ckpt is not None and not (cfg.eval_only or cfg.render_only):  # a resume that trains nothing
+                check_steps_left(trainer.ckpt_dir, trainer.start_step, cfg.max_steps, cfg.steps_scaler)
         except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
             error = e
         raise_together(ctx, error, "setup")
+        # Only now (flags, data and checkpoint are good): a viewer's banner never precedes a bad input's error
+        for extension in extensions:  # each agrees on its own start-up errors
+            closers.append(extension(cfg, ctx, trainer))
         if cfg.eval_only:
             return trainer.eval_only()
         if cfg.render_only:
@@ -158,13 +195,14 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
     code failed; a rank stopped by a peer's failure names that peer instead)."""
     try:
         cfg = parse(args)
-    except ValueError as e:  # a gsplat flag distsplat does not take: the same line on every rank
-        _fail(f"distsplat: error: {e}", 2)
+    except ValueError as e:  # a gsplat flag distsplat does not take: the same on every rank, said by rank 0
+        _fail(f"distsplat: error: {e}", 2, quiet=_rank() != 0)
     try:
         metrics = run(cfg, extensions)
     except ValueError as e:  # bad input: one line naming the flag/file, not a traceback
-        rank = 0 if getattr(e, "agreed", False) else _rank()  # agreed: the same on all ranks
-        _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2)
+        agreed = getattr(e, "agreed", False)  # the same on all ranks: rank 0 says it, once
+        rank = 0 if agreed else _rank()
+        _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2, quiet=agreed and _rank() != 0)
     except Exception as e:  # noqa: BLE001 - any failure ends in one line naming the rank
         if not is_peer_failure(e) and not getattr(e, "agreed", False):  # agreed: a clear line says it all
             traceback.print_exc()
@@ -178,17 +216,19 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
               f"-> {cfg.result_dir}")
 
 
-def _fail(line: str, code: int) -> None:
-    # One write: print's separate newline lets the ranks' lines run into each other.
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+def _fail(line: str, code: int, quiet: bool = False) -> None:
+    """Exits with `code` after writing `line` to stderr (unless `quiet`: another rank says
+    the same) and into torchrun's error file (always: its summary lists every rank)."""
+    if not quiet:  # one write: print's separate newline lets the ranks' lines run into each other
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
     record_for_launcher(line)  # torchrun's summary shows the line, not "To enable traceback"
+    if quiet:  # torchrun stops the other ranks when the first one exits: let rank 0 say it first
+        time.sleep(QUIET_EXIT_DELAY_S)
     sys.exit(code)
 
 
 def _rank() -> int:
-    import os
-
     return int(os.environ.get("RANK", "0"))
 
 

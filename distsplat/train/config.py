@@ -187,10 +187,20 @@ class Config:
     Blender/nerfstudio frames by their file_path (pack --data_dir). Each rank reads only its own images (their
     headers checked at setup); images at the cameras' full size are downscaled on load when --data_factor > 1."""
 
+    # --- Outputs in known coordinates (issue 32; train/coords.py)
+    ply_frame: Literal["normalized", "capture"] = "normalized"
+    """World of the PLYs and R/cameras.json: normalized (the world the model trains in, as gsplat's PLY; with
+    --normalize_world_space the input is centred, rotated and scaled on load) or capture (the input's own, e.g.
+    COLMAP's: means, scales, rotations and SH colours transformed back). R/transform.json holds the 4x4 either way."""
+
     disable_viewer: bool = False
-    """Do not start the live viewer (viser, on rank 0)."""
-    port: int = 8080
-    """Port of the live viewer; a port in use stops the run before training."""
+    """Do not start the live viewer (viser, on rank 0). It is on by default (not for --eval_only/--render_only)."""
+    port: Optional[int] = None
+    """Port of the live viewer. None: 8080, or a free port when 8080 is taken (the log says which); an explicit
+    port that is in use stops the run before training."""
+    viewer_keep_open: bool = False
+    """After training, keep serving the final model until Ctrl-C (the checkpoint and PLY are written first). Only
+    when rank 0's stdin is a terminal: a non-interactive run (a job script, CI) ends as usual, saying so."""
     viewer_host: str = "127.0.0.1"
     """Address the viewer serves on; 127.0.0.1 keeps it off the network (use ssh -L), 0.0.0.0 exposes it."""
     viewer_res: int = 512
@@ -274,7 +284,7 @@ class Config:
             (self.max_bad_steps >= 0, "--max_bad_steps", f"must be >= 0, got {self.max_bad_steps}"),
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
             (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
-            (0 <= self.port <= 65535, "--port", f"must be in 0..65535, got {self.port}"),
+            (self.port is None or 0 <= self.port <= 65535, "--port", f"must be in 0..65535, got {self.port}"),
             (0.0 < self.viewer_budget < 1.0, "--viewer_budget", f"must be in (0, 1), got {self.viewer_budget}"),
             (self.viewer_res >= 16, "--viewer_res", f"must be >= 16, got {self.viewer_res}"),
             (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),

@@ -41,8 +41,9 @@ def render_stem(name: str) -> str:
 
 
 def render_name(renders_dir: Path, step: int, name: str) -> Path:
-    """The side-by-side (ground truth | render) PNG of one test image."""
-    return renders_dir / f"val_step{step:04d}_{render_stem(name)}.png"
+    """The side-by-side PNG of one test image, ground truth left, render right, as its name
+    says: image `images/input_0001.jpg` at step 300 -> val_step0300_input_0001_gt-vs-render.png."""
+    return renders_dir / f"val_step{step:04d}_{render_stem(name)}_gt-vs-render.png"
 
 
 @torch.no_grad()

@@ -169,3 +169,12 @@ def load_lpips(net: str = "alex", weights: Optional[str] = None, heads: Optional
                          f"({type(e).__name__}: {str(e)[:200]}); pass the right files with --lpips_weights "
                          "/ --lpips_heads, or --lpips_net") from None
     return model.to(device), f"LPIPS {net}: backbone {backbone}, heads {head}"
+
+
+def short_lpips_note(note: str) -> str:
+    """The log's line for a skipped LPIPS: `note`'s first clause (what is missing), pointing
+    to the JSON, which keeps the whole advice (issue 32: a 400-character line per run)."""
+    head = note.split("; ", 1)[0]
+    if len(head) > 160:
+        head = head[:157] + "..."
+    return f"{head} (what to pass: lpips_skipped in stats/val_stepNNNN.json, or --help)"

@@ -44,7 +44,7 @@ from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
 from .app_opt import check_resume as check_app_resume, colour_kwargs, setup_app_opt
 from .evaluate import evaluate, test_owners
-from .lpips import load_lpips
+from .lpips import load_lpips, short_lpips_note
 from .metrics import report_eval
 from .trajectory import camera_path
 from .video import render_frames, write_mp4
@@ -53,7 +53,8 @@ from .gaussians import (activated, adam_step, check_finite_params, create_optimi
 from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
-from .outputs import TensorBoard, export_ply, memory_gb, write_json
+from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
+from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_frame_files
 from .faults import DivergenceGuard, SaveGuard
 from .balance import WorkMeter
 from ..data.heap import TRIM_FROM, trim_heap
@@ -83,6 +84,9 @@ class Trainer:
         # that need collectives must call them on every rank in the same order; with no hook
         # the loop does no extra work.
         self.step_hooks: List[Callable[["Trainer", int], None]] = []
+        # Called as hook(trainer) on EVERY rank once training ended, saved and evaluated (e.g.
+        # the viewer's --viewer_keep_open); the same collective rule as step_hooks.
+        self.end_hooks: List[Callable[["Trainer"], None]] = []
         self.where = "during setup"  # for failure reports: what this rank was doing
 
         self._warned_newer = False
@@ -111,10 +115,8 @@ class Trainer:
         self.test_idx = torch.as_tensor(scene.test, dtype=torch.int64)  # [C_test]
         W, r = ctx.world_size, ctx.rank
         self.pose = setup_pose_opt(cfg, self.viewmats, self.train_idx, cfg.batch_size * W)  # None without --pose_opt
-        try:
-            self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
-        except ValueError as e:
-            raise ValueError(f"--batch_size {cfg.batch_size}: {e}") from None
+        check_batch_size(len(self.train_idx), W, cfg.batch_size)
+        self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
         self.app = setup_app_opt(cfg, len(self.train_idx), self.batcher.own_cameras(r), cfg.batch_size * W,
                                  self.device)  # None without --app_opt; embeddings of own images only
         t0, t1 = test_owners(len(self.test_idx), W)[r]
@@ -145,8 +147,8 @@ class Trainer:
         self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
                                             min_side=int(min(scene.widths.min(), scene.heights.min())))
         self.lpips_skipped = None if self.lpips is not None else lpips_note
-        if ctx.is_main:
-            log.info("%s", lpips_note)
+        if ctx.is_main:  # a skip's full advice goes into val_stepNNNN.json; the log keeps one short line
+            log.info("%s", lpips_note if self.lpips is not None else short_lpips_note(lpips_note))
         if cfg.eval_only or cfg.render_only:  # no training: no training images to read ahead
             return
         self.loader = ImageLoader(
@@ -213,7 +215,7 @@ class Trainer:
                                         advice=advice, device=self.device, limit_source=source)
         self.strategy.growth_check = self.memory_guard.allow
         self._rebalance_held = False
-        if self.ctx.is_main:
+        if self.ctx.is_main and not (cfg.eval_only or cfg.render_only):  # nothing grows without training
             b, r = bytes_per_gaussian(dict(self.params), accumulators)
             log.info("memory guard: growth stops past %.0f%% of %s per rank (%s); %d B per Gaussian "
                      "+ %d B per held Gaussian while growing", 100 * cfg.memory_fraction, fmt_bytes(limit),
@@ -312,6 +314,9 @@ class Trainer:
         if progress is not None:
             progress.close()
         self.saves.report_end(self.metrics)  # which saves a full disk skipped
+        self.where = "after training"
+        for hook in self.end_hooks:
+            hook(self)
         return self.metrics
 
     def _open_outputs(self) -> None:
@@ -319,9 +324,10 @@ class Trainer:
         self.tb = TensorBoard(self.result_dir, self.ctx)
         if self.ctx.is_main:
             self.result_dir.mkdir(parents=True, exist_ok=True)
-            # JSON is valid YAML: the resolved config without a YAML dependency.
             name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
-            write_json(self.result_dir / name, self.cfg.to_dict())
+            write_yaml(self.result_dir / name, self.cfg.to_dict())  # the resolved config, as gsplat's cfg.yml
+            if not (self.cfg.eval_only or self.cfg.render_only):  # the world of this run's PLYs (coords.py)
+                write_frame_files(self.result_dir, self.scene, self.cfg.ply_frame)
 
     def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
@@ -546,7 +552,8 @@ class Trainer:
         def finalize() -> None:  # rank 0, once every shard is written
             epoch, in_epoch = self._batch_pos(step)
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
-                     "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch}}
+                     "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
+                     "frame": frame_info(self.scene.transform, NORMALIZED)}  # the checkpoint's Gaussians' world
             ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
             newer = ck.newer_checkpoints(root, step)
             if newer and not self._warned_newer:
@@ -558,8 +565,10 @@ class Trainer:
         saved = self.saves.checkpoint(step, payload, finalize)
         if self.cfg.save_ply:
             start = sum(counts[: ctx.rank])
-            export_ply(self.result_dir, step, dict(self.params) if self.app is None else self.app.baked(self.params),
-                       start, self.n_all, ctx, self.saves)  # --app_opt: colours baked as gsplat
+            gaussians = dict(self.params) if self.app is None else self.app.baked(self.params)  # --app_opt: as gsplat
+            if self.cfg.ply_frame == CAPTURE:
+                gaussians = to_capture(gaussians, self.scene.transform)
+            export_ply(self.result_dir, step, gaussians, start, self.n_all, ctx, self.saves)
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
 
@@ -610,6 +619,7 @@ class Trainer:
             self.strategy_state[k] = v
         self.n_all = n_all
         self.start_step = int(meta["step"])
+        self.ckpt_dir = meta["dir"]
         if self.pose is not None:
             self.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or self.pose.state_dict())
         if self.app is not None:  # shard 0 holds every image's embedding; this rank keeps its own
@@ -618,9 +628,9 @@ class Trainer:
             set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
             seed_rank_rng(self.cfg.seed, self.ctx.rank, self.start_step)
-        state = meta["state"]["batcher"]
-        self.batcher.load_state_dict(state)
-        self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
+        if not (self.cfg.eval_only or self.cfg.render_only):  # no training: no batch sequence to continue
+            self.batcher.load_state_dict(meta["state"]["batcher"])
+            self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
         if self.ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
                      self.start_step, n_all, meta["world_size"], self.ctx.world_size)
@@ -633,6 +643,18 @@ class Trainer:
             self.cache.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
+    """ValueError naming the flags unless every rank can draw --batch_size distinct cameras
+    of its own each step (the batcher's shards: n_train // world_size cameras each)."""
+    if n_train >= world_size * batch_size:
+        return
+    fix = (f"pass --batch_size {n_train // world_size} or less, or run on fewer ranks" if n_train >= world_size
+           else f"run on at most {n_train} ranks (--nproc_per_node) with --batch_size 1")
+    raise ValueError(f"--batch_size {batch_size} on {world_size} rank(s) needs {world_size * batch_size} distinct "
+                     f"training cameras per step, and the scene has {n_train} ({n_train // world_size} per rank): "
+                     f"{fix}")
 
 
 def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:

@@ -50,10 +50,28 @@ def interpolated_path(camtoworlds: np.ndarray, n_frames: int) -> np.ndarray:
     return out
 
 
+# A capture whose cameras leave a gap wider than this around the focus point (a 150-degree
+# walk around an object leaves 210) is partial: its ellipse sweeps the seen arc, not the back.
+PARTIAL_GAP = np.pi / 2
+
+
+def seen_arc(theta: np.ndarray) -> tuple:
+    """(start, span) in radians of the arc that camera angles `theta` [C] cover, the circle
+    minus their widest gap; (0, 2 pi) when no gap is wider than PARTIAL_GAP."""
+    t = np.sort(np.mod(theta, 2 * np.pi))
+    gaps = np.diff(np.concatenate([t, t[:1] + 2 * np.pi]))  # [C] gap after each camera
+    widest = int(np.argmax(gaps))
+    if gaps[widest] <= PARTIAL_GAP:
+        return 0.0, 2 * np.pi
+    return float(t[(widest + 1) % len(t)]), float(2 * np.pi - gaps[widest])
+
+
 def ellipse_path(camtoworlds: np.ndarray, n_frames: int) -> np.ndarray:
     """[n_frames, 4, 4] on an ellipse around the cameras' focus point, in the plane of the
     cameras (perpendicular to their mean up), radii the 90th percentile of their spread
-    along the plane's principal axes, every frame looking at the focus point."""
+    along the plane's principal axes, every frame looking at the focus point. A partial
+    capture (seen_arc) sweeps its seen arc there and back, so the video loops and never
+    shows the unseen back (issue 32); a full ring goes round once, as gsplat's."""
     pos = camtoworlds[:, :3, 3]
     up = -camtoworlds[:, :3, 1].mean(0)
     up = up / np.linalg.norm(up)
@@ -67,7 +85,9 @@ def ellipse_path(camtoworlds: np.ndarray, n_frames: int) -> np.ndarray:
     centre = target + ((pos.mean(0) - target) @ up) * up  # the focus point lifted to the cameras' height
     ra = max(np.percentile(np.abs((pos - centre) @ a), 90), 1e-6)
     rb = max(np.percentile(np.abs((pos - centre) @ b), 90), 1e-6)
-    theta = np.linspace(0.0, 2 * np.pi, n_frames, endpoint=False)
+    start, span = seen_arc(np.arctan2(((pos - centre) @ b) / rb, ((pos - centre) @ a) / ra))
+    t = np.linspace(0.0, 1.0, n_frames, endpoint=False)
+    theta = 2 * np.pi * t if span >= 2 * np.pi else start + span * (1 - np.cos(2 * np.pi * t)) / 2
     eyes = centre + ra * np.cos(theta)[:, None] * a + rb * np.sin(theta)[:, None] * b
     return np.stack([look_at(e, target, up) for e in eyes])
 

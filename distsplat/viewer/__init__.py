@@ -6,13 +6,14 @@
     viewer.serve(RenderModel)                a finished model (examples/simple_viewer.py)
     render_view(model, camera, device)       the frame callback: distributed render, rank 0's image
     load_model(path, ctx)                    this rank's chunk of a checkpoint or PLY
+    training_view(source)                    a browser's first view: the run's first training camera
 
 Never imports torch.distributed: collectives come from distsplat.distributed.
 """
 
 from .camera import PollMessage, ViewCamera, initial_view, render_size, view_camera
 from .live import LiveViewer, RenderModel, attach_live_viewer, render_view, trainer_model
-from .model import LoadedModel, load_model, model_view, read_ply_chunk
+from .model import LoadedModel, load_model, model_view, read_ply_chunk, training_view
 from .pacing import Pacer
 from .server import ViewerServer, check_port, port_error_message
 
@@ -20,5 +21,5 @@ __all__ = [
     "LiveViewer", "LoadedModel", "attach_live_viewer", "Pacer", "PollMessage", "RenderModel", "ViewCamera",
     "ViewerServer", "check_port", "initial_view", "load_model", "model_view",
     "port_error_message", "read_ply_chunk", "render_size", "render_view", "trainer_model",
-    "view_camera",
+    "training_view", "view_camera",
 ]

@@ -17,6 +17,7 @@ in the one viewer camera, like any camera owner in a training step.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
@@ -28,7 +29,7 @@ from torch import Tensor
 from ..distributed import DistContext, all_reduce_max, broadcast, distributed_rasterize
 from .camera import PollMessage, ViewCamera, initial_view
 from .pacing import Pacer
-from .server import START_FAILED, ViewerServer, ViewerStartError, port_error_message
+from .server import DEFAULT_PORT, START_FAILED, ViewerServer, ViewerStartError, port_error_message
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,12 @@ class LiveViewer:
         self._view_set = False
 
     @classmethod
-    def start(cls, ctx: DistContext, host: str = "127.0.0.1", port: int = 8080,
+    def start(cls, ctx: DistContext, host: str = "127.0.0.1", port: Optional[int] = None,
               max_side: int = 512, budget: float = 0.03, max_fps: float = 20.0,
               title: str = "distsplat") -> "LiveViewer":
-        """Starts the server on rank 0. A port in use (or any start failure) raises the same
-        ValueError naming the port on every rank, before training: rank 0's outcome
+        """Starts the server on rank 0: on `port`, or (None) on 8080 or a free port when
+        8080 is taken, saying which. An explicit port in use (or any start failure) raises
+        the same ValueError naming the port on every rank, before training: rank 0's outcome
         reaches the others in one tiny all-reduce, so nobody waits in a later collective."""
         pacer = Pacer(budget=budget, max_fps=max_fps)  # bad values raise on every rank alike
         server, code = None, 0
@@ -96,8 +98,11 @@ class LiveViewer:
         if code:
             if server is not None:
                 server.close()
-            raise ValueError(port_error_message(code, host, port))
+            raise ValueError(port_error_message(code, host, DEFAULT_PORT if port is None else port))
         if server is not None:
+            if server.moved_from is not None:
+                log.warning("viewer: port %d is in use (another run?); serving on port %d instead (--port P picks one)",
+                            server.moved_from, server.port)
             log.info("viewer: open %s in a browser (ssh -L %d:%s:%d HOST for a remote box)",
                      server.url, server.port, host, server.port)
         return cls(ctx, server, pacer)
@@ -119,7 +124,10 @@ class LiveViewer:
         if main:
             self.pacer.observe_steps(t0, step)
             if not self._view_set and getattr(trainer, "viewmats", None) is not None:
-                c2w = torch.linalg.inv(trainer.viewmats[:].detach().double().cpu()).numpy()  # [:]: a Viewmats too
+                # The first training camera's view (a test camera may come first in the scene)
+                train = getattr(trainer, "train_np", None)
+                c2w = torch.linalg.inv(trainer.viewmats[train if train is not None else slice(None)]
+                                       .detach().double().cpu()).numpy()  # a Viewmats indexes by host arrays
                 self.server.set_initial_view(*initial_view(c2w))
                 self._view_set = True
         model = trainer_model(trainer, step)
@@ -150,6 +158,27 @@ class LiveViewer:
                  if "val_psnr" in m else "PSNR: -",
                  f"status: {status}"]
         return "  \n".join(lines)
+
+    def keep_open(self, trainer: Any) -> None:
+        """--viewer_keep_open, the trainer's end hook on every rank: serve the final model
+        (already saved) until Ctrl-C, as gsplat's viewer does. Only when rank 0's stdin is a
+        terminal, where a Ctrl-C can come: otherwise (a job script, CI) rank 0 stops the
+        serving at its first poll and says why, so a non-interactive run never blocks."""
+        interactive = self.server is not None and _stdin_is_a_terminal()
+        if self.server is not None:
+            if interactive:
+                log.info("viewer: training done; serving the final model at %s until Ctrl-C", self.server.url)
+            else:
+                log.info("viewer: --viewer_keep_open serves only when stdin is a terminal (Ctrl-C ends it); "
+                         "this run is not interactive, so the viewer closes now")
+        model = trainer_model(trainer, trainer.cfg.max_steps)
+        try:
+            self.serve(model, seconds=None if interactive else 0.0,
+                       info=self._stats(trainer, trainer.cfg.max_steps, "**done**, Ctrl-C closes the viewer"))
+        except KeyboardInterrupt:
+            if self.server is not None:  # the other ranks wait in the next poll: tell them to stop
+                log.info("viewer: closed (Ctrl-C)")
+                self._poll(model, SERVE, stop=True)
 
     # --------------------------------------------------------------- serving
     def serve(self, model: RenderModel, seconds: Optional[float] = None, info: str = "",
@@ -232,10 +261,21 @@ def trainer_model(trainer: Any, step: int) -> RenderModel:
 
 def attach_live_viewer(cfg: Any, ctx: DistContext, trainer: Any) -> Optional[Callable[[], None]]:
     """The trainer CLI's extension: unless --disable_viewer, serve on rank 0 and hook into
-    every step. Started before setup, so a port in use fails at once, alike on every rank."""
+    every step (and with --viewer_keep_open, serve the final model after training). Started
+    once setup succeeded on every rank (cli.run), so bad flags or data fail before any banner;
+    a port in use fails alike on every rank, before training."""
     if cfg.disable_viewer:
         return None
     viewer = LiveViewer.start(ctx, cfg.viewer_host, cfg.port, max_side=cfg.viewer_res,
                               budget=cfg.viewer_budget)
     trainer.step_hooks.append(viewer.on_step)
+    if cfg.viewer_keep_open:
+        trainer.end_hooks.append(viewer.keep_open)
     return viewer.close
+
+
+def _stdin_is_a_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):  # closed or detached
+        return False

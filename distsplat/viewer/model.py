@@ -6,11 +6,12 @@ so `examples/simple_viewer.py` runs on one process or under torchrun alike.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -158,3 +159,36 @@ def model_view(means: Tensor) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     spread = math.sqrt(max(float((sums[3:6] / n - center**2).sum()), 1e-12))
     direction = np.array([1.0, 1.0, 0.6]) / np.linalg.norm([1.0, 1.0, 0.6])
     return center + 2.5 * spread * direction, center, np.array([0.0, 0.0, 1.0])
+
+
+def training_view(source: str) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(position, look_at, up) of the first training camera of the run that wrote `source`
+    (a checkpoint R/ckpts/step_N or a PLY R/ply/*.ply: R/cameras.json, train cameras first,
+    issue 32), in the model's world: a checkpoint is normalised, a PLY in transform.json's
+    ply_frame. None when the run left no cameras.json (a PLY from elsewhere)."""
+    from ..data.normalize import transform_cameras
+    from .camera import initial_view
+
+    p = Path(source)
+    is_ply = p.suffix.lower() == ".ply"
+    for run in (p.parent.parent, p.parent):
+        cams_file, frame_file = run / "cameras.json", run / "transform.json"
+        if cams_file.is_file():
+            break
+    else:
+        return None
+    try:
+        cams = json.loads(cams_file.read_text())
+        frame = json.loads(frame_file.read_text()) if frame_file.is_file() else {}
+        c2w = np.tile(np.eye(4), (len(cams), 1, 1))  # [C, 4, 4]
+        c2w[:, :3, :3] = [c["rotation"] for c in cams]
+        c2w[:, :3, 3] = [c["position"] for c in cams]
+        if not is_ply and frame.get("cameras_frame") == "capture":  # the checkpoint's Gaussians are normalised
+            c2w = transform_cameras(np.asarray(frame["normalized_from_capture"], dtype=np.float64), c2w)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        log.warning("%s: not readable as a 3DGS cameras.json (%s); the view starts from the model's extent",
+                    cams_file, e)
+        return None
+    if len(c2w) == 0:
+        return None
+    return initial_view(c2w)

@@ -36,9 +36,20 @@ REASONS = {
 }
 
 
+DEFAULT_PORT = 8080  # --port's default; when it is taken, a free port is served instead (issue 32)
+
+
 def port_error_message(code: int, host: str, port: int) -> str:
     return (f"--port {port}: the viewer's address {host}:{port} {REASONS[code]}; "
             "pass a free --port or --disable_viewer")
+
+
+def free_port(host: str) -> int:
+    """A port of `host` that nobody listens on now (the OS picks it)."""
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def check_port(host: str, port: int) -> int:
@@ -77,10 +88,18 @@ class ViewerServer:
     """The viser server on (host, port) with the training panel. Raises OSError-free:
     construction failures surface as `ViewerStartError(code)`."""
 
-    def __init__(self, host: str, port: int, max_side: int, title: str = "distsplat"):
+    def __init__(self, host: str, port: Optional[int], max_side: int, title: str = "distsplat"):
+        """port None: DEFAULT_PORT, or a free one when it is taken (`moved_from` says so);
+        an explicit port must be free."""
         import viser  # imported here: a run with --disable_viewer never loads it
 
-        code = check_port(host, port)
+        self.moved_from: Optional[int] = None
+        code = check_port(host, DEFAULT_PORT if port is None else port)
+        if port is None:
+            port = DEFAULT_PORT
+            if code == PORT_IN_USE:  # a second run on this machine: not worth stopping for
+                self.moved_from, port = DEFAULT_PORT, free_port(host)
+                code = check_port(host, port)
         if code:
             raise ViewerStartError(code)
         try:

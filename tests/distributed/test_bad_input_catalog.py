@@ -7,7 +7,8 @@ or naming the failing rank (`rank 1`); no Python traceback (aside from torchrun'
 ChildFailedError summary, and a collective failing on a rank whose peer, the one that
 reported the error, has exited); and the result dir exactly as it was (a stats file and,
 for checkpoint cases, a checkpoint folder are there before the run; nothing changes,
-nothing appears; an error found mid-training may leave what setup wrote, cfg.yml and tb/).
+nothing appears; an error found mid-training may leave what setup wrote, cfg.yml, cameras.json,
+transform.json and tb/).
 
 Scenes are tiny (12 cameras of 32x24): a good COLMAP and a good Blender scene are built
 once per module and copied into each case's own folder, where the case breaks them. The
@@ -157,7 +158,7 @@ def case(message: str, *marks):
 
 # What a run that got past setup has written (rank 0, at the end of setup) when an error
 # only the owning rank's decode can see ends it: these may appear, nothing else.
-STARTED = {"cfg.yml", "tb"}
+STARTED = {"cfg.yml", "tb", "cameras.json", "transform.json"}
 
 
 # --- images

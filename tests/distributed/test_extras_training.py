@@ -144,7 +144,7 @@ def test_cli_two_ranks_with_every_extra(tmp_path):
                   "--result_dir", str(out), *TINY_FLAGS, *extras])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "final: PSNR" in p.stdout
-    cfg = json.loads((out / "cfg.yml").read_text())
+    cfg = json.loads((out / "ckpts" / "step_000030" / "meta.json").read_text())["state"]["config"]  # = cfg.yml's
     assert cfg["strategy"]["grow_grad2d"] == 0.0008 and cfg["depth_loss"] and cfg["pose_opt"] and cfg["app_opt"]
     shard = torch.load(sorted((out / "ckpts" / "step_000030").glob("*.pt"))[0], weights_only=True)  # rank 0's
     assert shard["pose_opt"]["deltas"].abs().max() > 0  # trained corrections in the checkpoint

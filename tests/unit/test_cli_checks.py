@@ -70,3 +70,16 @@ def test_gsplat_only_flags_name_themselves_and_what_to_do():
     with pytest.raises(ValueError, match="--camera_model fisheye: distsplat renders pinhole cameras"):
         gsplat_only_flags(["default", "--camera_model", "fisheye"])
     assert gsplat_only_flags(["mcmc", "--help"]) == (["mcmc", "--help"], [])
+
+
+def test_a_batch_too_large_for_the_ranks_names_the_flags():
+    from distsplat.train.trainer import check_batch_size
+
+    check_batch_size(10, 2, 5)
+    with pytest.raises(ValueError) as e:
+        check_batch_size(10, 2, 6)
+    assert str(e.value) == ("--batch_size 6 on 2 rank(s) needs 12 distinct training cameras per step, and the scene "
+                            "has 10 (5 per rank): pass --batch_size 5 or less, or run on fewer ranks")
+    with pytest.raises(ValueError, match=r"has 3 \(0 per rank\): run on at most 3 ranks \(--nproc_per_node\) "
+                                         r"with --batch_size 1$"):
+        check_batch_size(3, 4, 1)

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from distsplat.train.evaluate import render_name
@@ -41,7 +42,8 @@ def test_json_csv_and_tensorboard(tmp_path):
     assert [float(r["psnr"]) for r in rows] == [20.0, 30.0, 25.0]
     assert [float(r["lpips"]) for r in rows] == [0.3, 0.1, 0.2]
     assert tb.calls[0] == ("scalars", 5, {"val/psnr": 25.0, "val/ssim": stats["ssim"], "val/lpips": stats["lpips"]})
-    assert tb.calls[1:] == [("image", "val/a", "val_step0005_a.png", 5), ("image", "val/b", "val_step0005_b.png", 5)]
+    assert tb.calls[1:] == [("image", "val/a", "val_step0005_a_gt-vs-render.png", 5),
+                             ("image", "val/b", "val_step0005_b_gt-vs-render.png", 5)]
 
 
 def test_skipped_lpips_is_null_with_the_reason(tmp_path):
@@ -52,3 +54,32 @@ def test_skipped_lpips_is_null_with_the_reason(tmp_path):
     assert saved["lpips"] is None and saved["lpips_skipped"] == "LPIPS skipped: no weights" and saved == out
     with open(tmp_path / "stats" / "val_step0001.csv") as f:
         assert list(csv.DictReader(f))[0]["lpips"] == ""
+
+
+def test_render_names_say_which_half_is_ground_truth(tmp_path):
+    assert render_name(tmp_path, 300, "input_0001.jpg").name == "val_step0300_input_0001_gt-vs-render.png"
+
+
+def test_a_skipped_lpips_is_one_short_log_line():
+    from distsplat.train.lpips import load_lpips, short_lpips_note
+
+    _, note = load_lpips("alex", min_side=8)
+    assert short_lpips_note(note).startswith("LPIPS skipped: the images' smaller side (8 px) is below")
+    long = "LPIPS skipped: no alex backbone weights in /x/" + "y" * 300 + "; pass --lpips_weights ..."
+    short = short_lpips_note(long)
+    assert len(short) < 240 and "pass --lpips_weights" not in short and "val_stepNNNN.json" in short
+
+
+def test_cfg_yml_is_yaml_that_reads_back_as_the_config(tmp_path):
+    """cfg.yml is YAML (as gsplat's), not JSON, and every value reads back with its type."""
+    yaml = pytest.importorskip("yaml")
+    from distsplat.train.config import default_config, mcmc_config
+    from distsplat.train.outputs import write_yaml
+
+    for cfg in (default_config(), mcmc_config()):
+        cfg.ckpt, cfg.lpips_weights, cfg.means_lr = "R/ckpts", 'odd "name": here', 1e-05
+        cfg.far_plane = float("inf")
+        write_yaml(tmp_path / "cfg.yml", cfg.to_dict())
+        text = (tmp_path / "cfg.yml").read_text()
+        assert not text.lstrip().startswith("{") and "\nstrategy:\n  type: " in text
+        assert yaml.safe_load(text) == cfg.to_dict()

@@ -50,3 +50,22 @@ def test_ellipse_circles_the_focus_point_in_the_cameras_plane(c2w):
     assert 3.0 < r.min() and r.max() < 4.2  # the ring's radius is 4 (90th percentile of the spread)
     with pytest.raises(ValueError, match="--render_traj_path"):
         camera_path("spiral", c2w, 4)
+
+
+def test_ellipse_of_a_partial_capture_sweeps_only_the_seen_arc():
+    """Cameras on a 150-degree arc around an object: the ellipse goes there and back over
+    that arc (a loop), never round to the unseen back; a full ring still goes round."""
+    from distsplat.data.synthetic import look_at
+
+    arc = np.deg2rad(np.linspace(-75.0, 75.0, 16))  # seen from +x, from -75 to +75 degrees
+    up = np.array([0.0, 0.0, 1.0])
+    c2w = np.stack([look_at(np.array([4 * np.cos(t), 4 * np.sin(t), 1.0]), np.zeros(3), up) for t in arc])
+    path = ellipse_path(c2w, 60)
+    rotations_ok(path)
+    angles = np.degrees(np.arctan2(path[:, 1, 3], path[:, 0, 3]))
+    assert angles.min() > -80 and angles.max() < 80, angles  # never behind the object
+    assert angles.min() < -70 and angles.max() > 70  # the whole seen arc
+    assert abs(angles[0] - angles[-1]) < 5  # there and back: the video loops
+    eyes = ellipse_path(make_synthetic_scene(num_cameras=8).camtoworlds, 60)[:, :3, 3]  # a ring around the origin
+    eyes /= np.linalg.norm(eyes, axis=1, keepdims=True)
+    assert eyes[0] @ eyes[30] < -0.9  # all the way round: half-way is the other side
