@@ -218,7 +218,7 @@ class Config:
     stats/val_stepNNNN.json and .csv and the side-by-side renders, as the training's evaluation."""
     render_only: bool = False
     """Render a camera path through the checkpoint of --ckpt (RGB and depth) to R/videos/ as an MP4
-    (when imageio-ffmpeg is installed) and PNG frames, without training."""
+    and PNG frames, without training."""
     render_traj_path: Literal["interp", "ellipse"] = "interp"
     """Camera path of --render_only: interpolated through the training cameras, or an ellipse around the scene."""
     render_traj_frames: int = 120

@@ -1,7 +1,7 @@
 """--render_only: a camera path rendered with the distributed render (each rank renders
 the frames it owns from its own chunk of the Gaussians; no rank gathers the model), each
 frame RGB | depth side by side as PNG under R/videos/, then rank 0 writes them into an
-MP4 when imageio-ffmpeg is installed (an optional dependency: `pip install imageio-ffmpeg`)."""
+MP4 with the ffmpeg that the imageio-ffmpeg wheel ships (a dependency: no system ffmpeg)."""
 
 from __future__ import annotations
 
@@ -78,10 +78,11 @@ def render_frames(
 
 def write_mp4(frames_dir: Path, n: int, path: Path, fps: int) -> Optional[Path]:
     """The PNG frames 00000..n-1 as an H.264 MP4 (odd sizes padded by one pixel: yuv420p
-    needs even ones). None, with a log line, when imageio-ffmpeg is not installed."""
+    needs even ones). None, with one log line, when ffmpeg is missing or fails: the frames
+    are the result, the MP4 a convenience that never fails the run."""
     try:
         import imageio_ffmpeg
-    except ImportError:
+    except ImportError:  # a dependency; absent only where it was installed without (pip --no-deps)
         log.warning("no MP4: imageio-ffmpeg is not installed (pip install imageio-ffmpeg); the frames are in %s",
                     frames_dir)
         return None
@@ -91,13 +92,19 @@ def write_mp4(frames_dir: Path, n: int, path: Path, fps: int) -> Optional[Path]:
     h, w = first.shape[:2]
     H, W = h + h % 2, w + w % 2
     tmp = path.with_name(path.stem + ".tmp.mp4")
-    writer = imageio_ffmpeg.write_frames(str(tmp), (W, H), fps=fps, macro_block_size=1, quality=8,
-                                         output_params=["-loglevel", "error"])
-    writer.send(None)
-    for i in range(n):
-        frame = np.asarray(Image.open(frames_dir / f"{i:05d}.png").convert("RGB"))
-        frame = np.pad(frame, ((0, H - h), (0, W - w), (0, 0)), mode="edge")
-        writer.send(np.ascontiguousarray(frame))
-    writer.close()
-    tmp.replace(path)
+    try:
+        writer = imageio_ffmpeg.write_frames(str(tmp), (W, H), fps=fps, macro_block_size=1, quality=8,
+                                             output_params=["-loglevel", "error"])
+        writer.send(None)
+        for i in range(n):
+            frame = np.asarray(Image.open(frames_dir / f"{i:05d}.png").convert("RGB"))
+            frame = np.pad(frame, ((0, H - h), (0, W - w), (0, 0)), mode="edge")
+            writer.send(np.ascontiguousarray(frame))
+        writer.close()
+        tmp.replace(path)
+    except (RuntimeError, OSError) as e:  # no ffmpeg binary for this platform, ffmpeg crashed, a full disk
+        tmp.unlink(missing_ok=True)
+        why = (str(e).strip().splitlines() or [""])[-1][:200]  # ffmpeg's own last line says most
+        log.warning("no MP4: ffmpeg failed (%s: %s); the frames are in %s", type(e).__name__, why, frames_dir)
+        return None
     return path

@@ -81,7 +81,7 @@ def test_eval_only_on_1_and_3_ranks_gives_the_training_final_metrics(trained, tm
 
 @pytest.mark.slow
 def test_render_only_writes_the_camera_path_as_frames_and_mp4(trained, tmp_path):
-    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    import imageio_ffmpeg  # a dependency (pyproject.toml): the MP4 is written out of the box
     from PIL import Image
 
     frames = 13  # not a multiple of the 2 ranks: one renders a frame more
@@ -97,4 +97,5 @@ def test_render_only_writes_the_camera_path_as_frames_and_mp4(trained, tmp_path)
     n, secs = imageio_ffmpeg.count_frames_and_secs(str(folder.with_suffix(".mp4")))
     meta = next(imageio_ffmpeg.read_frames(str(folder.with_suffix(".mp4"))))
     assert n == frames and meta["size"] == (64, 24) and secs == pytest.approx(frames / 10, abs=0.11)
+    assert f"and {folder.with_suffix('.mp4')}" in p.stdout + p.stderr and "no MP4" not in p.stdout + p.stderr
     assert not (out / "ckpts").exists() and not (out / "stats").exists()
