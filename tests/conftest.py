@@ -4,7 +4,11 @@ $DISTSPLAT_DATA, else ../shared/data next to the repository, else the repository
 not travel), and tests skip with a reason when none exists.
 
 DISTSPLAT_FAIL_ON_SKIP=1 turns every skip into a failure: a GPU validation whose tests
-skipped (no data, no GPU) must not look green."""
+skipped (no data, no GPU) must not look green.
+
+Tests never download (CI is offline, and a run would fetch LPIPS' 233 MB AlexNet): the
+environment below, which every rank a test starts inherits, turns distsplat's downloads off;
+tests of the download unset it and serve the files themselves."""
 
 import os
 from pathlib import Path
@@ -13,6 +17,7 @@ import pytest
 import torch
 
 _REPO = Path(__file__).resolve().parents[1]
+os.environ["DISTSPLAT_NO_DOWNLOAD"] = "1"  # distsplat.train.lpips.NO_DOWNLOAD_ENV
 
 
 def _find_data() -> Path:

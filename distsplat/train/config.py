@@ -228,9 +228,11 @@ class Config:
     """LPIPS backbone (gsplat reports alex)."""
     lpips_weights: Optional[str] = None
     """LPIPS backbone file (torchvision's alexnet-owt-7be5be79.pth / vgg16-397923af.pth). None: torch hub's
-    cache. Nothing is downloaded: without it LPIPS is skipped, and the log and JSON say so."""
+    cache, downloaded there once when missing and the machine is online (DISTSPLAT_NO_DOWNLOAD=1: never);
+    without it LPIPS is skipped, and the log and JSON say so."""
     lpips_heads: Optional[str] = None
-    """LPIPS linear heads (lpips' v0.1 alex.pth / vgg.pth). None: from an installed torchmetrics or lpips."""
+    """LPIPS linear heads (lpips' v0.1 alex.pth / vgg.pth). None: from an installed torchmetrics or lpips,
+    or torch hub's cache (downloaded like the backbone)."""
 
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 

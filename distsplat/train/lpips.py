@@ -8,20 +8,33 @@ features are unit-normalised over channels, their squared difference weighted by
 1x1 "linear head" (the lpips package's v0.1 weights, shipped by both `lpips` and
 `torchmetrics`), averaged over the pixels and summed over the five cuts.
 
-Weights are looked up where they usually are and never downloaded (training machines
-may have no internet): the backbone in torch hub's cache (`torch.hub.get_dir()/checkpoints`,
-where torchvision saves it) or --lpips_weights; the heads in an installed `torchmetrics` or
-`lpips` package or --lpips_heads. `load_lpips` returns None and the reason when one is missing.
+Weights are looked up where they usually are: the backbone in torch hub's cache
+(`torch.hub.get_dir()/checkpoints`, where torchvision saves it) or --lpips_weights; the heads
+in an installed `torchmetrics` or `lpips` package, torch hub's cache, or --lpips_heads.
+`load_lpips` returns None and the reason when one is missing. Where the machine is online,
+`fetch_weights` downloads what is missing once, from where torchvision and lpips publish it,
+into torch hub's cache under torchvision's file name (so torchvision and torchmetrics find it
+too), checked against its SHA-256 and bounded in time; offline it fails in seconds with a
+reason and LPIPS is skipped. DISTSPLAT_NO_DOWNLOAD=1 turns downloads off (the tests do).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import time
+import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+from urllib.error import HTTPError, URLError
+from urllib.parse import urlparse
+from urllib.request import Request, urlopen
 
 import torch
 from torch import Tensor, nn
+
+from ..distributed import DistContext, all_reduce_max, barrier
 
 # torchvision's checkpoint file names (what torchvision.models.alexnet(weights=DEFAULT) caches).
 BACKBONE_FILES = {"alex": "alexnet-owt-7be5be79.pth", "vgg": "vgg16-397923af.pth"}
@@ -33,6 +46,24 @@ CUTS = {"alex": [2, 5, 8, 10, 12], "vgg": [4, 9, 16, 23, 30]}
 MIN_SIDE = {"alex": 31, "vgg": 16}
 # Where each package keeps the heads, relative to the package folder.
 HEAD_FILES = {"torchmetrics": "functional/image/lpips_models/{net}.pth", "lpips": "weights/v0.1/{net}.pth"}
+
+# Where they are published: torchvision's URLs (torchvision.models.AlexNet_Weights / VGG16_Weights)
+# and lpips' repository. The backbones' SHA-256 prefixes are in their names (torch hub's
+# check_hash convention); the heads' are those of the lpips 0.1.4 wheel and torchmetrics 1.9
+# (the same bytes), and their cache names carry it likewise.
+BACKBONE_URLS = {"alex": "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
+                 "vgg": "https://download.pytorch.org/models/vgg16-397923af.pth"}
+BACKBONE_SHA256 = {"alex": "7be5be79", "vgg": "397923af"}
+HEAD_URL = "https://raw.githubusercontent.com/richzhang/PerceptualSimilarity/master/lpips/weights/v0.1/{net}.pth"
+HEAD_SHA256 = {"alex": "df73285e35b22355a2df87cdb6b70b343713b667eddbda73e1977e0c860835c0",
+               "vgg": "a78928a0af1e5f0fcb1f3b9e8f8c3a2a5a3de244d830ad5c1feddc79b8432868"}
+HEAD_CACHE = "lpips_v0.1_{net}-{sha}.pth"  # in torch hub's checkpoints folder, sha: 8 hex digits
+NO_DOWNLOAD_ENV = "DISTSPLAT_NO_DOWNLOAD"  # "1": never download (offline clusters, the tests)
+# An offline machine fails at the connection (DNS or refused) at once, a black-holed one
+# after FETCH_TIMEOUT_S; a slow link gives up after FETCH_DEADLINE_S (AlexNet is 233 MB, VGG16
+# 528 MB), well inside the 600 s collective timeout the node's other ranks wait under.
+FETCH_TIMEOUT_S = 10.0
+FETCH_DEADLINE_S = 240.0
 
 
 def backbone_layers(net: str) -> nn.Sequential:
@@ -116,6 +147,19 @@ def _package_dir(name: str) -> Optional[Path]:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def hub_dir() -> Path:
+    """torch hub's checkpoints folder ($TORCH_HOME/hub/checkpoints), where torchvision caches."""
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def head_cache(net: str) -> Path:
+    return hub_dir() / HEAD_CACHE.format(net=net, sha=HEAD_SHA256[net][:8])
+
+
+def downloads_off() -> bool:
+    return os.environ.get(NO_DOWNLOAD_ENV, "") == "1"
+
+
 def find_weights(net: str, weights: Optional[str] = None, heads: Optional[str] = None
                  ) -> Tuple[Optional[Path], Optional[Path], List[str]]:
     """(backbone file, heads file, the places looked at when one was not found)."""
@@ -124,7 +168,7 @@ def find_weights(net: str, weights: Optional[str] = None, heads: Optional[str] =
         backbone: Optional[Path] = Path(weights) if Path(weights).is_file() else None
         looked += [] if backbone else [f"--lpips_weights {weights}"]
     else:
-        cand = Path(torch.hub.get_dir()) / "checkpoints" / BACKBONE_FILES[net]
+        cand = hub_dir() / BACKBONE_FILES[net]
         backbone = cand if cand.is_file() else None
         looked += [] if backbone else [str(cand)]
     if heads is not None:
@@ -132,14 +176,90 @@ def find_weights(net: str, weights: Optional[str] = None, heads: Optional[str] =
         looked += [] if head else [f"--lpips_heads {heads}"]
     else:
         head = None
-        for pkg, rel in HEAD_FILES.items():
-            root = _package_dir(pkg)
-            cand = root / rel.format(net=net) if root is not None else None
-            if cand is not None and cand.is_file():
+        roots = [_package_dir(pkg) for pkg in HEAD_FILES]
+        for cand in [r / rel.format(net=net) for r, rel in zip(roots, HEAD_FILES.values()) if r is not None] + [
+                head_cache(net)]:
+            if cand.is_file():
                 head = cand
                 break
-        looked += [] if head else ["an installed torchmetrics or lpips package"]
+        looked += [] if head else [f"an installed torchmetrics or lpips package, {head_cache(net)}"]
     return backbone, head, looked
+
+
+def fetch(url: str, dst: Path, sha256: str, timeout_s: float = FETCH_TIMEOUT_S,
+          deadline_s: float = FETCH_DEADLINE_S, on_start: Optional[Callable[[Optional[int]], None]] = None) -> None:
+    """Downloads `url` to `dst` as torch.hub.download_url_to_file does (into a .partial file
+    beside it, moved into place only once its SHA-256 starts with `sha256`, so a broken
+    download never leaves a file that looks cached), but bounded: `timeout_s` for the
+    connection and each read, `deadline_s` for the whole file. `on_start(bytes or None)` runs
+    once the server answered. Raises OSError (URLError, TimeoutError) or ValueError (hash)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f"{dst.name}.{uuid.uuid4().hex}.partial")
+    start = time.monotonic()
+    try:
+        with urlopen(Request(url, headers={"User-Agent": "torch.hub"}), timeout=timeout_s) as u, \
+                open(tmp, "wb") as f:
+            size = u.headers.get("Content-Length")
+            if on_start is not None:
+                on_start(int(size) if size and size.isdigit() else None)
+            digest = hashlib.sha256()
+            read = getattr(u, "read1", u.read)  # what has arrived: a trickle cannot outlast the deadline
+            while True:
+                chunk = read(1 << 20)
+                if not chunk:
+                    break
+                f.write(chunk)
+                digest.update(chunk)
+                if time.monotonic() - start > deadline_s:
+                    raise TimeoutError(f"not done after {deadline_s:g} s")
+        got = digest.hexdigest()
+        if not got.startswith(sha256):
+            raise ValueError(f"its SHA-256 {got[:16]}... is not {sha256[:16]}...")
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _why(e: BaseException) -> str:
+    """A failed download's reason in a few words: URLError's own reason, not its repr."""
+    if isinstance(e, URLError) and not isinstance(e, HTTPError):
+        e = e.reason if isinstance(e.reason, BaseException) else OSError(str(e.reason))
+    text = str(e).strip() or type(e).__name__
+    return f"{type(e).__name__}: {text}"[:120]
+
+
+def fetch_weights(net: str, weights: Optional[str] = None, heads: Optional[str] = None,
+                  min_side: Optional[int] = None, say: Optional[Callable[..., None]] = None,
+                  timeout_s: float = FETCH_TIMEOUT_S, deadline_s: float = FETCH_DEADLINE_S) -> Optional[str]:
+    """Downloads the backbone and heads that find_weights does not find in the usual places
+    (never those named by --lpips_weights / --lpips_heads) into torch hub's cache. Returns
+    None when nothing was missing, downloads are off, the images are too small for LPIPS, or
+    every download worked; else the note why LPIPS is skipped. Never raises: a failed
+    download skips LPIPS, it never fails a run. `say` logs the start of a download."""
+    if downloads_off() or (min_side is not None and min_side < MIN_SIDE[net]):
+        return None
+    backbone, head, _ = find_weights(net, weights, heads)
+    todo = []
+    if backbone is None and weights is None:
+        todo.append((BACKBONE_URLS[net], hub_dir() / BACKBONE_FILES[net], BACKBONE_SHA256[net]))
+    if head is None and heads is None:
+        todo.append((HEAD_URL.format(net=net), head_cache(net), HEAD_SHA256[net]))
+    for url, dst, sha in todo:
+        def started(size: Optional[int], url: str = url, dst: Path = dst) -> None:
+            if say is not None:
+                say("LPIPS %s: downloading %s%s into %s (once)", net, url,
+                    f" ({size / 1e6:.0f} MB)" if size else "", dst.parent)
+        try:
+            fetch(url, dst, sha, timeout_s, deadline_s, started)
+        except Exception as e:  # noqa: BLE001 - offline, a proxy, a full disk: LPIPS is skipped, the run goes on
+            return (f"LPIPS skipped: could not download {Path(urlparse(url).path).name} from {urlparse(url).netloc} "
+                    f"({_why(e)}); " + _advice(net))
+    return None
+
+
+def _advice(net: str) -> str:
+    return (f"pass --lpips_weights (torchvision's {BACKBONE_FILES[net]}) and --lpips_heads (lpips' v0.1/{net}.pth, "
+            f"or pip install torchmetrics), or copy them into torch hub's checkpoints folder {hub_dir()}")
 
 
 def load_lpips(net: str = "alex", weights: Optional[str] = None, heads: Optional[str] = None,
@@ -158,9 +278,8 @@ def load_lpips(net: str = "alex", weights: Optional[str] = None, heads: Optional
     backbone, head, looked = find_weights(net, weights, heads)
     if backbone is None or head is None:
         what = "backbone" if backbone is None else "linear heads"
-        return None, (f"LPIPS skipped: no {net} {what} weights in {', '.join(looked)}; pass --lpips_weights "
-                      f"(torchvision's {BACKBONE_FILES[net]}) and --lpips_heads (lpips' v0.1/{net}.pth, or "
-                      "pip install torchmetrics), or copy the backbone into torch hub's checkpoints folder")
+        off = f" (downloads are off: {NO_DOWNLOAD_ENV}=1)" if downloads_off() else ""
+        return None, f"LPIPS skipped: no {net} {what} weights{off} in {', '.join(looked)}; " + _advice(net)
     try:
         model = LPIPS(net).load(torch.load(backbone, map_location="cpu", weights_only=True),
                                 torch.load(head, map_location="cpu", weights_only=True))
@@ -169,6 +288,32 @@ def load_lpips(net: str = "alex", weights: Optional[str] = None, heads: Optional
                          f"({type(e).__name__}: {str(e)[:200]}); pass the right files with --lpips_weights "
                          "/ --lpips_heads, or --lpips_net") from None
     return model.to(device), f"LPIPS {net}: backbone {backbone}, heads {head}"
+
+
+def ready_lpips(ctx: DistContext, net: str, weights: Optional[str], heads: Optional[str], device: torch.device,
+                min_side: int, model: Optional[LPIPS], note: str, say: Callable[..., None]
+                ) -> Tuple[Optional[LPIPS], str]:
+    """After setup (model, note: its load_lpips), every rank calls it: weights missing from the
+    usual places are downloaded by each node's local rank 0 while the node's other ranks wait
+    (fetch_weights: bounded in time; a failure skips LPIPS), then every rank agrees whether
+    LPIPS is computed (one rank scoring without it would skew the mean). Two collectives, once
+    per run. Returns (the network or None on every rank, the note to log or keep)."""
+    failed = None
+    if model is None and ctx.local_rank == 0:
+        failed = fetch_weights(net, weights, heads, min_side, say if ctx.is_main else None)
+    barrier()  # the node's download is in its cache before its other ranks look
+    if model is None:
+        try:
+            model, note = load_lpips(net, weights, heads, device, min_side=min_side)
+        except ValueError as e:  # a cached file that is not the network: skipped, not an error after setup
+            model, note = None, f"LPIPS skipped: {e}"
+        if model is None and failed is not None:
+            note = failed
+    missing = all_reduce_max(torch.tensor([float(model is None)], device=device)).item()
+    if missing and model is not None:
+        model, note = None, ("LPIPS skipped: another rank found no weights; pass --lpips_weights and "
+                             "--lpips_heads files that every node can read")
+    return model, note
 
 
 def short_lpips_note(note: str) -> str:

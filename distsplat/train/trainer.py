@@ -44,7 +44,7 @@ from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
 from .app_opt import check_resume as check_app_resume, colour_kwargs, setup_app_opt
 from .evaluate import evaluate, test_owners
-from .lpips import load_lpips, short_lpips_note
+from .lpips import load_lpips, ready_lpips, short_lpips_note
 from .metrics import report_eval
 from .trajectory import camera_path
 from .video import render_frames, write_mp4
@@ -144,11 +144,13 @@ class Trainer:
         check_finite_params(self.params, f"--ckpt {cfg.ckpt}" if cfg.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")
         self._init_memory_guard()
-        self.lpips, lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
-                                            min_side=int(min(scene.widths.min(), scene.heights.min())))
-        self.lpips_skipped = None if self.lpips is not None else lpips_note
-        if ctx.is_main:  # a skip's full advice goes into val_stepNNNN.json; the log keeps one short line
-            log.info("%s", lpips_note if self.lpips is not None else short_lpips_note(lpips_note))
+        # Bad --lpips_* files are setup's errors; weights missing from the usual places are
+        # fetched after setup (_ready_lpips: a download waits on the node's other ranks)
+        self.min_side = int(min(scene.widths.min(), scene.heights.min()))
+        self.lpips, self.lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
+                                                 min_side=self.min_side)
+        self.lpips_skipped = None if self.lpips is not None else self.lpips_note
+        self._lpips_ready = False
         if cfg.eval_only or cfg.render_only:  # no training: no training images to read ahead
             return
         self.loader = ImageLoader(
@@ -256,6 +258,7 @@ class Trainer:
         # The renders do not compare the ranks' cameras every step: once here (one gather)
         agree_cameras(self.scene, self.train_np, self.batcher.state_dict(), self.device)
         self._open_outputs()
+        self._ready_lpips()  # said (and fetched) before the steps, not at the first evaluation
         eval_steps = {s for s in cfg.eval_steps if s > 0}
         save_steps = {s for s in cfg.save_steps if s > 0}
         # The final state is always evaluated and saved, whatever --max_steps cuts off.
@@ -473,8 +476,22 @@ class Trainer:
                      [e - s for s, e in chunk_bounds(sum(counts), self.ctx.world_size)])
 
     # ------------------------------------------------------------ eval / save
+    def _ready_lpips(self) -> None:
+        """Once, before the first evaluation (every rank calls it): lpips.ready_lpips fetches
+        missing weights and agrees on every rank whether LPIPS is computed; rank 0 says so."""
+        if self._lpips_ready or len(self.test_idx) == 0:  # no test cameras: nothing to score
+            return
+        self._lpips_ready = True
+        cfg = self.cfg
+        self.lpips, note = ready_lpips(self.ctx, cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
+                                       self.min_side, self.lpips, self.lpips_note, log.info)
+        self.lpips_skipped = None if self.lpips is not None else note
+        if self.ctx.is_main:  # a skip's full advice goes into val_stepNNNN.json; the log keeps one short line
+            log.info("%s", note if self.lpips is not None else short_lpips_note(note))
+
     def eval(self, step: int, elapsed: Optional[float]) -> Dict[str, Any]:
         ctx = self.ctx
+        self._ready_lpips()
         test = self.test_idx.to(self.device)
 
         def read(pos: int) -> Tensor:

@@ -5,7 +5,9 @@ line as the root cause of torchrun's summary, and the result dir untouched."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -116,10 +118,24 @@ def test_exit_codes_as_the_shell_sees_them(tmp_path):
 
 def test_eval_only_on_other_ranks_says_only_what_matters(trained, tmp_path):
     """--eval_only of a 1-rank checkpoint on 2 ranks: no batcher 'resuming ... epoch' warning
-    (nothing is trained), no memory-guard line, no long LPIPS note, and one final line."""
+    (nothing is trained), no memory-guard line, one final line, and on a machine that is offline
+    (downloads on, through a proxy at a closed port: nothing leaves this machine) the LPIPS
+    weights' download is tried and fails at once, and LPIPS is skipped with one short line."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    offline = {"DISTSPLAT_NO_DOWNLOAD": "0", "https_proxy": closed, "HTTPS_PROXY": closed, "no_proxy": "",
+               "NO_PROXY": "", "TORCH_HOME": str(tmp_path / "torch")}
     p = torchrun(["default", "--eval_only", "--ckpt", str(trained / "ckpts"), "--result_dir", str(tmp_path / "e"),
-                  *TINY_FLAGS], nproc=2)
+                  "--lpips_net", "vgg", *TINY_FLAGS], nproc=2, extra_env=offline)  # vgg: 16 px is enough
     assert p.returncode == 0, p.stderr[-3000:]
     assert "CameraBatcher" not in p.stderr and "memory guard" not in p.stderr, p.stderr
-    assert not [line for line in p.stderr.splitlines() if "LPIPS" in line and len(line) > 300], p.stderr
+    lines = [line for line in (p.stdout + p.stderr).splitlines() if "LPIPS" in line]
+    assert len(lines) == 1 and len(lines[0]) < 300, lines
+    assert lines[0].endswith("LPIPS skipped: could not download vgg16-397923af.pth from download.pytorch.org "
+                             "(ConnectionRefusedError: [Errno 111] Connection refused) (what to pass: lpips_skipped "
+                             "in stats/val_stepNNNN.json, or --help)"), lines
+    stats = json.loads((tmp_path / "e" / "stats" / f"val_step{STEPS:04d}.json").read_text())
+    assert stats["lpips"] is None and "pass --lpips_weights" in stats["lpips_skipped"]
+    assert not list((tmp_path / "torch").rglob("*.pth*"))  # no partial file left in torch hub's cache
     assert p.stdout.count("final: PSNR") == 1
