@@ -6,9 +6,10 @@ not travel), and tests skip with a reason when none exists.
 DISTSPLAT_FAIL_ON_SKIP=1 turns every skip into a failure: a GPU validation whose tests
 skipped (no data, no GPU) must not look green.
 
-Tests never download (CI is offline, and a run would fetch LPIPS' 233 MB AlexNet): the
-environment below, which every rank a test starts inherits, turns distsplat's downloads off;
-tests of the download unset it and serve the files themselves."""
+distsplat downloads nothing in tests (CI may be offline, and a run would fetch LPIPS' 233 MB
+AlexNet): the environment below, which every rank a test starts inherits, turns its downloads
+off; tests of the download unset it and serve the files themselves from 127.0.0.1. (The
+splat-transform interop test fetches its npm package, once, or skips.)"""
 
 import os
 from pathlib import Path
