@@ -53,9 +53,10 @@ def tool(tmp_path_factory) -> Path:
                            text=True, timeout=180, env={**os.environ, **NPM_ENV})
     except subprocess.TimeoutExpired:
         pytest.skip(f"npx could not fetch {PACKAGE} within 180 s (npm registry unreachable?)")
-    if p.returncode != 0:
-        why = [line for line in (p.stderr or p.stdout).splitlines() if line.strip()][-1:] or ["no output"]
-        pytest.skip(f"npx could not fetch or run {PACKAGE} (npm registry unreachable?): {why[0][:200]}")
+    if p.returncode != 0:  # npm's first error line that says something (FetchError: ...), else its last
+        lines = [line.strip() for line in (p.stderr + p.stdout).splitlines() if line.strip()]
+        why = next((x for x in lines if "Error" in x or "ERR!" in x), lines[-1] if lines else "no output")
+        pytest.skip(f"npx could not fetch or run {PACKAGE} (npm registry unreachable?): {why[:200]}")
     return cwd
 
 
