@@ -247,8 +247,8 @@ def fetch_weights(net: str, weights: Optional[str] = None, heads: Optional[str] 
     for url, dst, sha in todo:
         def started(size: Optional[int], url: str = url, dst: Path = dst) -> None:
             if say is not None:
-                say("LPIPS %s: downloading %s%s into %s (once)", net, url,
-                    f" ({size / 1e6:.0f} MB)" if size else "", dst.parent)
+                shown = "" if not size else f" ({size / 1e6:.0f} MB)" if size >= 1e6 else f" ({size / 1e3:.0f} kB)"
+                say("LPIPS %s: downloading %s%s into %s (once)", net, url, shown, dst.parent)
         try:
             fetch(url, dst, sha, timeout_s, deadline_s, started)
         except Exception as e:  # noqa: BLE001 - offline, a proxy, a full disk: LPIPS is skipped, the run goes on

@@ -116,8 +116,9 @@ def test_missing_weights_are_downloaded_once_into_torch_hubs_cache(online, monke
         assert note == (f"LPIPS alex: backbone {online / 'alexnet-owt-7be5be79.pth'}, "
                         f"heads {online / 'lpips_v0.1_alex-df73285e.pth'}")
         assert sorted(p.name for p in online.iterdir()) == ["alexnet-owt-7be5be79.pth", "lpips_v0.1_alex-df73285e.pth"]
-        assert said == [f"LPIPS alex: downloading {base}/models/alexnet-owt-7be5be79.pth ({len(backbone) / 1e6:.0f} MB) into {online} (once)",
-                        f"LPIPS alex: downloading {base}/lpips/weights/v0.1/alex.pth (0 MB) into {online} (once)"]
+        mb = f"{len(backbone) / 1e6:.0f} MB"
+        assert said == [f"LPIPS alex: downloading {base}/models/alexnet-owt-7be5be79.pth ({mb}) into {online} (once)",
+                        f"LPIPS alex: downloading {base}/lpips/weights/v0.1/alex.pth (6 kB) into {online} (once)"]
         said.clear()
         assert fetch_weights("alex", say=said.append) is None and said == []  # cached: nothing fetched again
 
