@@ -175,5 +175,5 @@ class CameraBatcher:
             "CameraBatcher: resuming a run saved with world_size=%d, cameras_per_rank=%d on "
             "world_size=%d, cameras_per_rank=%d: starting at the beginning of epoch %d",
             state["world_size"], state["cameras_per_rank"], self.world_size,
-            self.cameras_per_rank, self.epoch,
+            self.cameras_per_rank, self.epoch, extra={"same_on_every_rank": True},  # rank 0 says it, once
         )

@@ -87,6 +87,8 @@ def test_two_ranks_say_a_resume_error_once_and_torchrun_shows_it(trained):
     assert message in root_cause(p.stderr)
     assert "To enable traceback" not in p.stderr and "new message format" not in p.stderr
     assert snapshot(trained) == before
+    # setup read the 1-rank checkpoint's batcher position on 2 ranks: every rank warns alike, rank 0 says it
+    assert p.stderr.count("CameraBatcher: resuming a run saved with world_size=1") == 1, p.stderr[-3000:]
 
 
 def test_a_typo_is_said_once_and_is_torchruns_root_cause(tmp_path):
