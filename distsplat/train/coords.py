@@ -50,13 +50,14 @@ def frame_info(transform: np.ndarray, ply_frame: str) -> Dict[str, Any]:
 
 def cameras_json(scene: Scene, indices: Sequence[int], camtoworlds: np.ndarray) -> List[Dict[str, Any]]:
     """The 3DGS cameras.json entries of `indices`; camtoworlds [C_all, 4, 4] in the world
-    the entries are written in. img_name: the image's name without its extension."""
+    the entries are written in. img_name: the image file's stem, as 3DGS writes it (no folder,
+    no extension: `images/sub/0001.jpg` is `0001`)."""
     out = []
     for i, c in enumerate(indices):
         c2w, K = camtoworlds[c], scene.Ks[c]
         out.append({
             "id": i,
-            "img_name": Path(scene.names[c]).with_suffix("").as_posix(),
+            "img_name": Path(scene.names[c]).stem,
             "width": int(scene.widths[c]),
             "height": int(scene.heights[c]),
             "position": c2w[:3, 3].tolist(),

@@ -31,12 +31,12 @@ def colmap(tmp_path_factory) -> Path:
 
 
 def colmap_centres(root: Path) -> dict:
-    """{image name without extension: camera centre} in COLMAP's world."""
+    """{image file stem (cameras.json's img_name, as 3DGS's): camera centre} in COLMAP's world."""
     model = colmap_io.read_model(root / "sparse" / "0")
     out = {}
     for im in model.images.values():
         R = colmap_io.qvec_to_rotmat(im.qvec)
-        out[Path(im.name).with_suffix("").as_posix()] = -R.T @ im.tvec
+        out[Path(im.name).stem] = -R.T @ im.tvec
     return out
 
 

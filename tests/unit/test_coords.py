@@ -107,6 +107,7 @@ def test_frame_files(tmp_path):
     cameras' in the PLY's world; transform.json: T, its scale and inverse."""
     scene = make_synthetic_scene(num_cameras=10, num_gaussians=50, width=32, height=24)
     scene.transform = similarity(5, scale=2.5)
+    scene.names = [f"cam{i % 2}/frame_{i:04d}.jpg" for i in range(10)]  # as loaders name images in folders
     for frame in ("normalized", "capture"):
         info = write_frame_files(tmp_path, scene, frame)
         cams = json.loads((tmp_path / "cameras.json").read_text())
@@ -116,7 +117,7 @@ def test_frame_files(tmp_path):
                                    atol=1e-12)
         order = list(scene.train) + list(scene.test)
         assert [c["id"] for c in cams] == list(range(10))
-        assert [c["img_name"] for c in cams] == [scene.names[i] for i in order]
+        assert [c["img_name"] for c in cams] == [f"frame_{i:04d}" for i in order]  # 3DGS' stem
         assert set(cams[0]) == {"id", "img_name", "width", "height", "position", "rotation", "fx", "fy"}
         c2w = np.asarray(scene.camtoworlds)[order]
         if frame == "capture":  # the capture's camera centres: T^-1 of the trained ones
