@@ -200,9 +200,7 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
     try:
         metrics = run(cfg, extensions)
     except ValueError as e:  # bad input: one line naming the flag/file, not a traceback
-        agreed = getattr(e, "agreed", False)  # the same on all ranks: rank 0 says it, once
-        rank = 0 if agreed else _rank()
-        _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2, quiet=agreed and _rank() != 0)
+        exit_bad_input(e)
     except Exception as e:  # noqa: BLE001 - any failure ends in one line naming the rank
         if not is_peer_failure(e) and not getattr(e, "agreed", False):  # agreed: a clear line says it all
             traceback.print_exc()
@@ -214,6 +212,15 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
         print(f"final: PSNR {metrics['val_psnr']:.3f} SSIM {metrics['val_ssim']:.4f}"
               f"{'' if lpips is None else f' LPIPS {lpips:.4f}'} Gaussians {metrics['val_num_GS']}{took} "
               f"-> {cfg.result_dir}")
+
+
+def exit_bad_input(e: ValueError) -> None:
+    """Bad input ends the process with one `distsplat: error` line and exit code 2: rank 0's
+    alone when every rank agreed on it (`e.agreed`), else this rank's, naming it. For entry
+    points beside the trainer's too (examples/simple_viewer.py)."""
+    agreed = getattr(e, "agreed", False)  # the same on all ranks: rank 0 says it, once
+    rank = 0 if agreed else _rank()
+    _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2, quiet=agreed and _rank() != 0)
 
 
 def _fail(line: str, code: int, quiet: bool = False) -> None:

@@ -29,7 +29,8 @@ from torch import Tensor
 from ..distributed import DistContext, all_reduce_max, broadcast, distributed_rasterize
 from .camera import PollMessage, ViewCamera, initial_view
 from .pacing import Pacer
-from .server import DEFAULT_PORT, START_FAILED, ViewerServer, ViewerStartError, port_error_message
+from .server import (DEFAULT_PORT, START_FAILED, TRAINER_PORT_HINT, ViewerServer, ViewerStartError,
+                     port_error_message)
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,12 @@ class LiveViewer:
     @classmethod
     def start(cls, ctx: DistContext, host: str = "127.0.0.1", port: Optional[int] = None,
               max_side: int = 512, budget: float = 0.03, max_fps: float = 20.0,
-              title: str = "distsplat") -> "LiveViewer":
+              title: str = "distsplat", port_hint: str = TRAINER_PORT_HINT) -> "LiveViewer":
         """Starts the server on rank 0: on `port`, or (None) on 8080 or a free port when
         8080 is taken, saying which. An explicit port in use (or any start failure) raises
-        the same ValueError naming the port on every rank, before training: rank 0's outcome
-        reaches the others in one tiny all-reduce, so nobody waits in a later collective."""
+        the same ValueError naming the port (and `port_hint`, what to pass) on every rank,
+        before training: rank 0's outcome reaches the others in one tiny all-reduce, so
+        nobody waits in a later collective."""
         pacer = Pacer(budget=budget, max_fps=max_fps)  # bad values raise on every rank alike
         server, code = None, 0
         if ctx.is_main:
@@ -98,7 +100,9 @@ class LiveViewer:
         if code:
             if server is not None:
                 server.close()
-            raise ValueError(port_error_message(code, host, DEFAULT_PORT if port is None else port))
+            error = ValueError(port_error_message(code, host, DEFAULT_PORT if port is None else port, port_hint))
+            error.agreed = True  # type: ignore[attr-defined]  # every rank raises it: rank 0 says it, once
+            raise error
         if server is not None:
             if server.moved_from is not None:
                 log.warning("viewer: port %d is in use (another run?); serving on port %d instead (--port P picks one)",

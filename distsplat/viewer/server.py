@@ -39,9 +39,11 @@ REASONS = {
 DEFAULT_PORT = 8080  # --port's default; when it is taken, a free port is served instead (issue 32)
 
 
-def port_error_message(code: int, host: str, port: int) -> str:
-    return (f"--port {port}: the viewer's address {host}:{port} {REASONS[code]}; "
-            "pass a free --port or --disable_viewer")
+TRAINER_PORT_HINT = "pass a free --port or --disable_viewer"
+
+
+def port_error_message(code: int, host: str, port: int, hint: str = TRAINER_PORT_HINT) -> str:
+    return f"--port {port}: the viewer's address {host}:{port} {REASONS[code]}; {hint}"
 
 
 def free_port(host: str) -> int:

@@ -2,7 +2,8 @@
 announces itself before a bad input's error; a taken default port moves to a free one
 (said in the log), an explicit one stays an error (test_bad_input_catalog.py); it is off for
 --eval_only; --viewer_keep_open never blocks a run whose stdin is not a terminal, and on a
-terminal serves the final model until Ctrl-C."""
+terminal serves the final model until Ctrl-C. examples/simple_viewer.py under torchrun says
+a bad --ckpt or a taken --port once, as the trainer does."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from torchrun_cli import REPO, TINY_FLAGS, TRAINER
+from torchrun_cli import REPO, TINY_FLAGS, TRAINER, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +125,39 @@ def test_keep_open_on_a_terminal_serves_until_ctrl_c(monkeypatch):
         viewer.close()
     assert time.monotonic() - t0 >= 1.4  # it served until the Ctrl-C, not less
     assert len(polls) > 5  # polling the browsers all along
+
+
+SIMPLE_VIEWER = REPO / "examples" / "simple_viewer.py"
+
+
+def error_lines(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if line.startswith("distsplat: error")]
+
+
+def test_simple_viewer_on_two_ranks_says_a_bad_ckpt_once(tmp_path):
+    missing = tmp_path / "missing.ply"
+    p = torchrun(["--ckpt", str(missing), "--seconds", "1"], nproc=2, script=SIMPLE_VIEWER)
+    assert p.returncode == 1, p.stderr[-3000:]  # torchrun's code for a failed job (the ranks exit 2)
+    line = f"distsplat: error: --ckpt {missing}: no such PLY file"
+    assert error_lines(p.stderr) == [line], p.stderr[-3000:]  # once, from rank 0
+    assert line in p.stderr.split("Root Cause (first observed failure):", 1)[1]  # torchrun's summary says it
+    assert "To enable traceback" not in p.stderr
+
+
+def test_simple_viewer_on_two_ranks_says_a_taken_port_once(tmp_path):
+    from distsplat.train.export import write_ply
+
+    g = torch.Generator().manual_seed(0)
+    ply = write_ply(tmp_path / "m.ply", {"means": torch.randn(30, 3, generator=g), "scales": torch.randn(30, 3) - 3,
+                                         "quats": torch.randn(30, 4, generator=g), "opacities": torch.randn(30),
+                                         "sh0": torch.randn(30, 1, 3), "shN": torch.zeros(30, 0, 3)})
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        p = torchrun(["--ckpt", str(ply), "--port", str(port), "--seconds", "1"], nproc=2, script=SIMPLE_VIEWER)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert error_lines(p.stderr) == [
+        f"distsplat: error: --port {port}: the viewer's address 127.0.0.1:{port} is already in use; pass a free "
+        "--port, or none for 8080 or a free port"], p.stderr[-3000:]
+    assert "To enable traceback" not in p.stderr

@@ -173,9 +173,36 @@ def test_simple_viewer_serves_a_ply_and_stops(tmp_path, monkeypatch):
     import simple_viewer
 
     simple_viewer.main(simple_viewer.Args(ckpt=str(path), port=0, seconds=0.3))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         simple_viewer.main(simple_viewer.Args(ckpt=str(tmp_path / "missing.ply"), port=0))
+    assert exit_.value.code == 2
     sys.modules.pop("simple_viewer", None)
+
+
+def test_simple_viewer_moves_off_a_taken_default_port(tmp_path, monkeypatch, caplog):
+    """Its --port defaults to the trainer viewer's: 8080, or a free port when 8080 is taken."""
+    path = write_ply(tmp_path / "m.ply", _raw_params(40, 0))
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    import simple_viewer
+
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 8080))
+        held.listen()
+    except OSError:  # someone else holds 8080: taken all the same
+        held.close()
+        held = None
+    try:
+        with caplog.at_level("INFO", logger="distsplat"):
+            simple_viewer.main(simple_viewer.Args(ckpt=str(path), seconds=0.3))
+    finally:
+        if held is not None:
+            held.close()
+        sys.modules.pop("simple_viewer", None)
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("distsplat.viewer")]
+    moved = [m for m in said if m.startswith("viewer: port 8080 is in use (another run?); serving on port ")]
+    assert moved and any(m.startswith("viewer: open http://127.0.0.1:") for m in said), said
 
 
 def test_viewer_layering_and_size():
