@@ -239,11 +239,11 @@ def fetch_weights(net: str, weights: Optional[str] = None, heads: Optional[str] 
     if downloads_off() or (min_side is not None and min_side < MIN_SIDE[net]):
         return None
     backbone, head, _ = find_weights(net, weights, heads)
-    todo = []
-    if backbone is None and weights is None:
-        todo.append((BACKBONE_URLS[net], hub_dir() / BACKBONE_FILES[net], BACKBONE_SHA256[net]))
+    todo = []  # the heads (kB) first: where their host is unreachable, the backbone (MB) is not fetched in vain
     if head is None and heads is None:
         todo.append((HEAD_URL.format(net=net), head_cache(net), HEAD_SHA256[net]))
+    if backbone is None and weights is None:
+        todo.append((BACKBONE_URLS[net], hub_dir() / BACKBONE_FILES[net], BACKBONE_SHA256[net]))
     for url, dst, sha in todo:
         def started(size: Optional[int], url: str = url, dst: Path = dst) -> None:
             if say is not None:
@@ -305,8 +305,8 @@ def ready_lpips(ctx: DistContext, net: str, weights: Optional[str], heads: Optio
     if model is None:
         try:
             model, note = load_lpips(net, weights, heads, device, min_side=min_side)
-        except ValueError as e:  # a cached file that is not the network: skipped, not an error after setup
-            model, note = None, f"LPIPS skipped: {e}"
+        except Exception as e:  # noqa: BLE001 - every rank must reach the agreement; a bad file skips LPIPS
+            model, note = None, f"LPIPS skipped: {type(e).__name__}: {e}"
         if model is None and failed is not None:
             note = failed
     missing = all_reduce_max(torch.tensor([float(model is None)], device=device)).item()

@@ -23,6 +23,8 @@ from distsplat.distributed import DistContext
 from distsplat.train import lpips as lp
 from distsplat.train.lpips import LPIPS, fetch_weights, load_lpips, ready_lpips, short_lpips_note
 
+real_urlopen = lp.urlopen
+
 
 @pytest.fixture
 def online(tmp_path, monkeypatch) -> Path:
@@ -95,6 +97,12 @@ def point_at(monkeypatch, base: str, backbone_sha: str) -> None:
     monkeypatch.setattr(lp, "HEAD_URL", base + "/lpips/weights/v0.1/{net}.pth")
 
 
+def heads_cached(cache: Path) -> None:
+    """lpips' real alex heads already in torch hub's cache: only the backbone is missing."""
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "lpips_v0.1_alex-df73285e.pth").write_bytes(alex_files()[1])
+
+
 def test_the_heads_hashes_are_those_lpips_publishes():
     tml = pytest.importorskip("torchmetrics.functional.image.lpips")
     for net in ("alex", "vgg"):
@@ -117,10 +125,22 @@ def test_missing_weights_are_downloaded_once_into_torch_hubs_cache(online, monke
                         f"heads {online / 'lpips_v0.1_alex-df73285e.pth'}")
         assert sorted(p.name for p in online.iterdir()) == ["alexnet-owt-7be5be79.pth", "lpips_v0.1_alex-df73285e.pth"]
         mb = f"{len(backbone) / 1e6:.0f} MB"
-        assert said == [f"LPIPS alex: downloading {base}/models/alexnet-owt-7be5be79.pth ({mb}) into {online} (once)",
-                        f"LPIPS alex: downloading {base}/lpips/weights/v0.1/alex.pth (6 kB) into {online} (once)"]
+        assert said == [f"LPIPS alex: downloading {base}/lpips/weights/v0.1/alex.pth (6 kB) into {online} (once)",
+                        f"LPIPS alex: downloading {base}/models/alexnet-owt-7be5be79.pth ({mb}) into {online} (once)"]
         said.clear()
         assert fetch_weights("alex", say=said.append) is None and said == []  # cached: nothing fetched again
+
+
+def test_unreachable_heads_spare_the_backbones_download(online, monkeypatch):
+    backbone, _ = alex_files()
+    asked = []
+    monkeypatch.setattr(lp, "urlopen", lambda req, **kw: asked.append(req.full_url) or real_urlopen(req, **kw))
+    with serve({"alexnet-owt-7be5be79.pth": backbone}) as base:  # no heads there: 404
+        point_at(monkeypatch, base, hashlib.sha256(backbone).hexdigest()[:8])
+        note = fetch_weights("alex")
+    assert note.startswith("LPIPS skipped: could not download alex.pth from 127.0.0.1:")
+    assert "(HTTPError: HTTP Error 404: Not Found)" in note, note
+    assert asked == [f"{base}/lpips/weights/v0.1/alex.pth"] and list(online.iterdir()) == []
 
 
 def test_a_file_with_the_wrong_hash_is_not_cached(online, monkeypatch):
@@ -129,23 +149,26 @@ def test_a_file_with_the_wrong_hash_is_not_cached(online, monkeypatch):
         point_at(monkeypatch, base, hashlib.sha256(backbone).hexdigest()[:8])
         note = fetch_weights("alex")
         assert note.startswith("LPIPS skipped: could not download alexnet-owt-7be5be79.pth from 127.0.0.1:")
-        assert "(ValueError: its SHA-256 " in note and list(online.iterdir()) == []  # no .partial either
+        assert "(ValueError: its SHA-256 " in note  # the heads came; no backbone, no .partial:
+        assert [p.name for p in online.iterdir()] == ["lpips_v0.1_alex-df73285e.pth"]
 
 
 def test_offline_is_skipped_with_one_short_line(online, monkeypatch):
     with socket.socket() as s:  # a port nobody listens on: refused at once, as an offline DNS fails
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    heads_cached(online)
     point_at(monkeypatch, f"http://127.0.0.1:{port}", "7be5be79")
     note = within(10, fetch_weights, "alex")
     line = short_lpips_note(note)
     assert line == (f"LPIPS skipped: could not download alexnet-owt-7be5be79.pth from 127.0.0.1:{port} "
                     "(ConnectionRefusedError: [Errno 111] Connection refused) "
                     "(what to pass: lpips_skipped in stats/val_stepNNNN.json, or --help)")
-    assert "pass --lpips_weights" in note and list(online.iterdir()) == []
+    assert "pass --lpips_weights" in note and [p.name for p in online.iterdir()] == ["lpips_v0.1_alex-df73285e.pth"]
 
 
 def test_a_server_that_never_answers_times_out(online, monkeypatch):
+    heads_cached(online)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)  # connects, then silence
@@ -155,10 +178,11 @@ def test_a_server_that_never_answers_times_out(online, monkeypatch):
 
 
 def test_a_trickle_gives_up_at_the_deadline(online, monkeypatch):
+    heads_cached(online)
     with serve({"alexnet-owt-7be5be79.pth": b"x" * 10_000}, trickle=True) as base:  # 200 s at this pace
         point_at(monkeypatch, base, "7be5be79")
         note = within(10, fetch_weights, "alex", deadline_s=1.0)
-    assert "(TimeoutError: not done after 1 s)" in note and list(online.iterdir()) == []
+    assert "(TimeoutError: not done after 1 s)" in note and len(list(online.iterdir())) == 1  # the heads
 
 
 def test_downloads_off_fetches_nothing_and_says_so(online, monkeypatch):
