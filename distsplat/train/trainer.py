@@ -15,6 +15,7 @@ setup() builds everything, train() runs the loop, cleanup() releases workers and
 from __future__ import annotations
 
 import copy
+import math
 import logging
 import sys
 import time
@@ -37,6 +38,7 @@ from ..distributed import (
     gather_counts,
     move_rows,
 )
+from . import batch_scaling
 from . import checkpoint as ck
 from . import strategy_ops
 from .config import Config
@@ -138,6 +140,7 @@ class Trainer:
         self._init_gaussians()
         self.start_step = 0
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
+        self._saved_lr_batch = None  # a resumed run's learning-rate scaling (batch_scaling.py)
         if cfg.ckpt is not None:
             self._resume(cfg.ckpt)
         # The renders do not check the parameters every step: here, where they come from
@@ -182,8 +185,11 @@ class Trainer:
                "quats": cfg.quats_lr, "sh0": cfg.sh0_lr, "shN": cfg.shN_lr,
                "features": cfg.sh0_lr, "colors": cfg.sh0_lr}  # --app_opt's, as gsplat
         self.optimizers = create_optimizers(self.params, cfg.batch_size * ctx.world_size,
-                                            self.scene_scale, lrs)
+                                            self.scene_scale, lrs)  # lr x sqrt(B), until _scale_lrs
         self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
+        B = cfg.batch_size * ctx.world_size  # train() rescales them by --lr_batch_scaling (_scale_lrs)
+        self.lr_batch = {"rule": "sqrt", "global_batch": B, "visible_fraction": None, "factor": math.sqrt(B)}
+        self.noise_scale = 1.0
         strategy_ops.install()
         self.strategy = copy.deepcopy(cfg.strategy)
         if isinstance(self.strategy, MCMCStrategy):
@@ -238,6 +244,30 @@ class Trainer:
         train = self.train_np  # per-step lookups without torch ops
         return [int(train[c]) for c in self.batcher.own_batch(*self._batch_pos(step), self.ctx.rank)]
 
+    def _scale_lrs(self) -> None:
+        """Learning rates for the global batch (batch_scaling.py): the visible fraction p
+        measured now (one all-reduce, so after setup's agreement), or the one a resumed run
+        measured."""
+        cfg, ctx = self.cfg, self.ctx
+        B, rule = len(self._batch(self.start_step).cameras), cfg.lr_batch_scaling  # the global batch a step draws
+        saved = self._saved_lr_batch or {}
+        p = None
+        if rule == "visibility" and B > 1:
+            p = saved.get("visible_fraction") if (saved.get("rule"), saved.get("global_batch")) == (rule, B) else None
+            if p is None:
+                cams = batch_scaling.sample(self.train_np)  # [<= SAMPLE] scene indices
+                p = batch_scaling.visible_fraction(
+                    activated(self.params, 0), self.viewmats[cams], self.Ks[torch.from_numpy(cams)],
+                    self.widths[cams], self.heights[cams], backend=cfg.backend, near_plane=cfg.near_plane,
+                    far_plane=cfg.far_plane, world=ctx.world_size > 1)
+        factor = batch_scaling.lr_factor(rule, B, p)
+        batch_scaling.scale_learning_rates(self.optimizers, B, factor)
+        self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
+        self.noise_scale = math.sqrt(B) / factor  # MCMC's noise: lr x sqrt(B) whatever the rule
+        self.lr_batch = {"rule": rule, "global_batch": B, "visible_fraction": p, "factor": factor}
+        if ctx.is_main and B > 1:
+            log.info("%s", batch_scaling.describe(self.lr_batch))
+
     def _means_lr(self, step: int) -> float:
         """gsplat's schedule: the means' lr decays exponentially to 1% over the run."""
         return self.means_lr0 * 0.01 ** (min(step, self.cfg.max_steps) / self.cfg.max_steps)
@@ -257,6 +287,7 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         # The renders do not compare the ranks' cameras every step: once here (one gather)
         agree_cameras(self.scene, self.train_np, self.batcher.state_dict(), self.device)
+        self._scale_lrs()  # the learning rates for the global batch (one all-reduce: not in setup)
         self._open_outputs()
         self._ready_lpips()  # said (and fetched) before the steps, not at the first evaluation
         eval_steps = {s for s in cfg.eval_steps if s > 0}
@@ -413,9 +444,9 @@ class Trainer:
     def _densify(self, step: int, meta: Dict[str, Any], lr: float, good: Optional[Tensor]) -> None:
         """The strategy's step; `good` ([] on the device, None: no check) masks what a bad
         step would add (strategies.py): a refinement due at a bad step still runs."""
-        if isinstance(self.strategy, MCMCStrategy):
-            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state,
-                                             step, meta, lr=lr, good=good)
+        if isinstance(self.strategy, MCMCStrategy):  # its noise's lr stays lr x sqrt(B) (batch_scaling.py)
+            self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state, step, meta,
+                                             lr=lr * self.noise_scale, good=good)
         else:
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state,
                                              step, meta, packed=self.cfg.packed, good=good)
@@ -570,7 +601,8 @@ class Trainer:
             epoch, in_epoch = self._batch_pos(step)
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
                      "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
-                     "frame": frame_info(self.scene.transform, NORMALIZED)}  # the checkpoint's Gaussians' world
+                     "frame": frame_info(self.scene.transform, NORMALIZED),  # the checkpoint's Gaussians' world
+                     "lr_batch": self.lr_batch}
             ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
             newer = ck.newer_checkpoints(root, step)
             if newer and not self._warned_newer:
@@ -635,6 +667,7 @@ class Trainer:
         for k, v in extra.items():
             self.strategy_state[k] = v
         self.n_all = n_all
+        self._saved_lr_batch = meta["state"].get("lr_batch")
         self.start_step = int(meta["step"])
         self.ckpt_dir = meta["dir"]
         if self.pose is not None:

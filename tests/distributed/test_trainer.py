@@ -104,6 +104,9 @@ def densify_config(result_dir: str, batch_size: int, **overrides):
     big Gaussians."""
     from distsplat.train.strategies import DefaultStrategy
 
+    # lr x sqrt(B): the bounds below are in units of that Adam step (the visibility rule's
+    # W-invariance is test_w1_and_w2_training_give_the_same_parameters_and_metrics')
+    overrides.setdefault("lr_batch_scaling", "sqrt")
     return tiny_config(result_dir, batch_size=batch_size, strategy=DefaultStrategy(
         refine_start_iter=3, refine_every=3, refine_stop_iter=20, reset_every=8, grow_grad2d=1e-3,
         prune_opa=0.05), **overrides)

@@ -1,6 +1,7 @@
 """--schedule_in_images (issue 30): the 1-GPU schedule, counted in images, on any global batch."""
 
 import pytest
+import torch
 
 from distsplat.train.config import default_config, mcmc_config
 
@@ -52,3 +53,106 @@ def test_schedule_in_images_with_a_bad_batch_size_leaves_the_error_to_validate()
     _scheduled(cfg, 2)  # no ZeroDivisionError
     with pytest.raises(ValueError, match="--batch_size"):
         cfg.validate()
+
+
+
+# --------------------------------------------------------------------------- the lr rule
+from distsplat.train import batch_scaling  # noqa: E402
+from distsplat.train.gaussians import scaled_betas  # noqa: E402
+
+
+def test_lr_factor_spans_sqrt_to_linear_with_the_visible_fraction():
+    B = 16
+    assert batch_scaling.lr_factor("visibility", B, 1.0) == pytest.approx(B)  # every view sees everything
+    assert batch_scaling.lr_factor("visibility", B, 0.0) == pytest.approx(B ** 0.5)  # gsplat / Grendel-GS
+    ps = [0.0, 0.01, 1 / B, 0.3, 0.9, 1.0]
+    fs = [batch_scaling.lr_factor("visibility", B, p) for p in ps]
+    assert fs == sorted(fs)
+    assert batch_scaling.lr_factor("sqrt", B) == 4.0 and batch_scaling.lr_factor("linear", B) == 16.0
+    assert all(batch_scaling.lr_factor(r, 1, 0.5) == 1.0 for r in batch_scaling.RULES)  # batch 1: as ever
+
+
+def _adam_displacement(batch: int, factor: float, p: float, images: int, n: int = 4096) -> float:
+    """Mean distance torch's Adam moves n independent parameters in `images` images seen at
+    global batch `batch` with lr x factor, each parameter's per-image gradient -1 where an
+    image sees it (probability p, drawn per image) and 0 elsewhere: the loss averaged over
+    the batch, Adam's betas scaled as the trainer scales them."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.zeros(n, requires_grad=True)
+    lr = 1e-3
+    opt = torch.optim.Adam([x], lr=lr * factor, betas=scaled_betas(batch), eps=1e-15 / batch ** 0.5)
+    for _ in range(images // batch):
+        seen = (torch.rand(batch, n, generator=gen) < p).float()  # [B, n]
+        x.grad = -seen.mean(0)
+        opt.step()
+    return float(x.detach().mean()) / lr
+
+
+@pytest.mark.parametrize("p", [1.0, 0.5, 0.2, 1 / 16, 0.02])
+def test_a_batch_step_moves_as_far_as_its_images_one_at_a_time(p):
+    """The rule's model (batch_scaling's module doc) checked against torch's Adam itself: at
+    global batch 16 with lr x lr_factor, a parameter whose gradient agrees wherever it is
+    seen moves as far per image as at batch 1, whatever the fraction p of images that see it;
+    sqrt(B) falls short where most images see it, B overshoots where few do."""
+    images, B = 16 * 64, 16
+    one = _adam_displacement(1, 1.0, p, images)
+    ours = _adam_displacement(B, batch_scaling.lr_factor("visibility", B, p), p, images)
+    # The rule is the first-order model (mean and variance of the batch gradient, Adam's moments
+    # at their steady state); against the real Adam it is off by <= 3% over these p (1.000 at
+    # p = 1, 1.026 at 0.02, deterministic draws), sqrt(B) by 0.25-0.9x and B by 1-3.6x.
+    assert ours == pytest.approx(one, rel=0.06), (p, one, ours)
+    if p >= 0.5:
+        assert _adam_displacement(B, B ** 0.5, p, images) < 0.5 * one
+    if p <= 1 / 16:
+        assert _adam_displacement(B, float(B), p, images) > 1.5 * one
+
+
+def test_visible_fraction_counts_the_pairs_cameras_see():
+    """8 Gaussians in front of a camera and 8 behind it (z < near): half of the pairs are
+    visible to a camera looking down +z, none to one looking down -z... and half over both."""
+    n = 16
+    means = torch.zeros(n, 3)
+    means[:8, 2], means[8:, 2] = 5.0, -5.0
+    means[:, 0] = torch.linspace(-0.5, 0.5, n)
+    g = {"means": means, "quats": torch.tensor([[1.0, 0, 0, 0]]).repeat(n, 1), "scales": torch.full((n, 3), 0.05),
+         "opacities": torch.full((n,), 0.9)}
+    K = torch.tensor([[50.0, 0, 32], [0, 50.0, 24], [0, 0, 1]])
+    flip = torch.diag(torch.tensor([-1.0, 1.0, -1.0, 1.0]))  # a camera turned around the y axis
+    fraction = lambda V: batch_scaling.visible_fraction(  # noqa: E731
+        g, V, K.expand(len(V), 3, 3), [64] * len(V), [48] * len(V), backend="torch", near_plane=0.01,
+        far_plane=1e10, world=False)
+    assert fraction(torch.eye(4)[None]) == 0.5
+    assert fraction(torch.stack([torch.eye(4), flip])) == 0.5
+    assert fraction(torch.stack([torch.eye(4), torch.eye(4)])) == 0.5
+
+
+MARGIN = 0.5  # dB (calibrated below)
+IMAGES = 192  # images seen by every training run below: 192 steps at batch 1, 12 at batch 16
+
+
+def _psnr_after(tmp_path, batch: int, rule: str) -> float:
+    """Test PSNR of the built-in scene after IMAGES images at global batch `batch` (one
+    process, --batch_size batch --schedule_in_images --lr_batch_scaling rule), no densification."""
+    from distsplat.train.cli import run
+
+    cfg = default_config()
+    cfg.synthetic.width, cfg.synthetic.height = 48, 36  # a quarter of its pixels: CI time
+    cfg.result_dir = str(tmp_path / f"b{batch}_{rule}")
+    cfg.batch_size, cfg.schedule_in_images, cfg.lr_batch_scaling = batch, True, rule
+    cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = IMAGES, [IMAGES], [], False
+    cfg.sh_degree_interval = 48
+    cfg.strategy.refine_start_iter = IMAGES  # no densification: the optimizer's scaling alone
+    cfg.num_workers, cfg.log_every, cfg.tb_every, cfg.disable_viewer = 1, IMAGES, 10**6, True
+    return run(cfg)["val_psnr"]
+
+
+@pytest.mark.slow
+def test_batch_16_trains_as_well_as_batch_1_at_the_same_images_seen(tmp_path):
+    """On the built-in scene (most views see most Gaussians: lr x ~15.9 at batch 16) the
+    default rule reaches batch 1's PSNR at the same images seen; gsplat's lr x sqrt(B)
+    falls behind. Margins: this test's own runs (benchmarks/batch_quality.py for longer ones)."""
+    one = _psnr_after(tmp_path, 1, "visibility")
+    ours = _psnr_after(tmp_path, 16, "visibility")
+    sqrt = _psnr_after(tmp_path, 16, "sqrt")
+    assert abs(ours - one) < MARGIN, (one, ours)
+    assert sqrt < one - 1.0, (one, sqrt)  # the check can fail: the old rule does

@@ -1,0 +1,97 @@
+"""How the learning rates grow with the global batch B (issue 30): a step at batch B should
+move the Gaussians as far as B one-image steps would, so that a W-times larger batch run for
+W-times fewer steps reaches the same quality at the same images seen.
+
+With Adam the answer depends on how many of the batch's images see a Gaussian. Model a
+Gaussian's per-image gradient as g where an image sees it (probability p) and 0 elsewhere.
+B one-image Adam steps (second moment ~ p g^2, first ~ p g) move it lr B sqrt(p). One batch
+step (the mean over B images: mean p g, variance p (1 - p) g^2 / B) moves it
+lr_B p / sqrt(p^2 + p (1 - p) / B). Equal when
+
+    lr_B = lr sqrt(B (1 + (B - 1) p))
+
+- every image sees every Gaussian (p = 1): lr x B, the linear rule;
+- each Gaussian is seen by about one image of the batch (p <= 1/B, large scenes): lr x sqrt(B),
+  gsplat's and Grendel-GS's rule (Grendel's "independent gradients" case).
+Object-centric captures sit near p = 1 (the built-in scene ~0.6-0.9, thermos ~0.3-0.8), where
+sqrt(B) moves the Gaussians sqrt(B) times too little per image: after an opacity reset they
+take that many more images to recover (benchmarks/batch_quality.py).
+
+`--lr_batch_scaling visibility` (the default) measures p once, at setup: the fraction of
+(Gaussian, camera) pairs visible over an evenly spaced sample of the training cameras, summed
+over the ranks (exact integer counts: the same p on any W), and keeps it for the run (saved
+in checkpoints, so a resume scales as the run did). `sqrt` and `linear` are the two limits.
+MCMC's position noise keeps sqrt(B) whatever the rule: its random walk per image is what
+sqrt(B) preserves. Adam's betas are scaled by create_optimizers (B one-image decays)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..render.api import project
+from ..render.checks import resolve_backend
+
+log = logging.getLogger(__name__)
+
+RULES = ("visibility", "sqrt", "linear")
+SAMPLE = 32  # training cameras projected to measure p
+
+
+def lr_factor(rule: str, batch: int, p: Optional[float] = None) -> float:
+    """What every learning rate is multiplied by at global batch `batch` (module doc)."""
+    if rule == "sqrt" or batch == 1:
+        return math.sqrt(batch)
+    if rule == "linear":
+        return float(batch)
+    if rule != "visibility" or p is None:
+        raise ValueError(f"--lr_batch_scaling {rule}: expected one of {', '.join(RULES)}")
+    return math.sqrt(batch * (1.0 + (batch - 1) * min(max(p, 0.0), 1.0)))
+
+
+def sample(cameras: np.ndarray) -> np.ndarray:
+    """Up to SAMPLE of `cameras`, evenly spaced (the same on every rank and any W)."""
+    return cameras[np.linspace(0, len(cameras) - 1, min(SAMPLE, len(cameras))).round().astype(int)]
+
+
+@torch.no_grad()
+def visible_fraction(g: Dict[str, torch.Tensor], viewmats: torch.Tensor, Ks: torch.Tensor,
+                     widths: Sequence[int], heights: Sequence[int], *,
+                     backend: str, near_plane: float, far_plane: float, world: bool) -> float:
+    """p: visible (Gaussian, camera) pairs over Gaussians x cameras for the cameras given
+    (viewmats [C, 4, 4], Ks [C, 3, 3], sizes [C]), this rank's Gaussians `g` (activated),
+    summed over every rank when `world` (one all-reduce)."""
+    device = g["means"].device
+    backend = resolve_backend("visible_fraction", backend, device)
+    pairs, rgb = 0, g["means"].new_zeros(len(g["means"]), 3)  # colours do not change what is visible
+    for c in range(len(Ks)):  # one camera at a time: cameras may differ in size
+        found, _ = project(g["means"], g["quats"], g["scales"], g["opacities"], rgb,
+                           viewmats[c:c + 1].to(device), Ks[c:c + 1].to(device), int(widths[c]), int(heights[c]),
+                           backend=backend, near_plane=near_plane, far_plane=far_plane)
+        pairs += len(found)
+    counts = torch.tensor([float(pairs), float(len(g["means"]) * len(Ks))], dtype=torch.float64, device=device)
+    if world:
+        dist.all_reduce(counts)
+    return float(counts[0] / counts[1]) if counts[1] > 0 else 1.0
+
+
+def scale_learning_rates(optimizers: Dict[str, torch.optim.Optimizer], batch: int, factor: float) -> None:
+    """From create_optimizers' lr x sqrt(B) to lr x factor."""
+    if factor == math.sqrt(batch):
+        return
+    for opt in optimizers.values():
+        for group in opt.param_groups:
+            group["lr"] = group["lr"] / math.sqrt(batch) * factor
+
+
+def describe(info: Dict[str, Any]) -> str:
+    """Rank 0's line: the rule, B, p and the factor."""
+    B, rule, f = info["global_batch"], info["rule"], info["factor"]
+    seen = "" if info.get("visible_fraction") is None else f", {info['visible_fraction']:.3f} of the cameras see a Gaussian"
+    return (f"learning rates x {f:.3g} for the global batch {B} (--lr_batch_scaling {rule}{seen}; "
+            f"sqrt(B) = {math.sqrt(B):.3g}, B = {B})")
