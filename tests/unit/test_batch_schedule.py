@@ -126,7 +126,6 @@ def test_visible_fraction_counts_the_pairs_cameras_see():
     assert fraction(torch.stack([torch.eye(4), torch.eye(4)])) == 0.5
 
 
-MARGIN = 0.5  # dB (calibrated below)
 IMAGES = 192  # images seen by every training run below: 192 steps at batch 1, 12 at batch 16
 
 
@@ -150,9 +149,11 @@ def _psnr_after(tmp_path, batch: int, rule: str) -> float:
 def test_batch_16_trains_as_well_as_batch_1_at_the_same_images_seen(tmp_path):
     """On the built-in scene (most views see most Gaussians: lr x ~15.9 at batch 16) the
     default rule reaches batch 1's PSNR at the same images seen; gsplat's lr x sqrt(B)
-    falls behind. Margins: this test's own runs (benchmarks/batch_quality.py for longer ones)."""
+    falls behind. Measured here (2 CPU cores): batch 1 25.40 dB, batch 16 25.91 (+0.51),
+    with sqrt(B) 23.74 (-1.66); the margins keep half of each gap (longer runs:
+    benchmarks/batch_quality.py)."""
     one = _psnr_after(tmp_path, 1, "visibility")
     ours = _psnr_after(tmp_path, 16, "visibility")
     sqrt = _psnr_after(tmp_path, 16, "sqrt")
-    assert abs(ours - one) < MARGIN, (one, ours)
-    assert sqrt < one - 1.0, (one, sqrt)  # the check can fail: the old rule does
+    assert ours > one - 0.25, (one, ours)
+    assert sqrt < one - 0.8 and sqrt < ours - 1.0, (one, ours, sqrt)  # the old rule falls behind
