@@ -178,7 +178,7 @@ def main() -> None:
                  "--schedule_in_images: every run sees the same number of images, the schedule in images: "
                  f"{SCHEDULE}, reset_every {RESET_EVERY}, sh_degree_interval {SH_INTERVAL}, cap_max {CAP_MAX}; "
                  "thermos at --data_factor " + os.environ.get("FACTOR", "16") + ". --lr_batch_scaling: visibility "
-                 "(the default, lr x sqrt(B (1 + (B - 1) p)), p measured at setup; lr_factor is what the run logged) "
+                 "(the default, lr x sqrt(B (1 + (B - 1) p)), p measured as training starts; lr_factor is what the run logged) "
                  "or sqrt (gsplat's and Grendel-GS's lr x sqrt(B), the rule before); Adam's betas as create_optimizers "
                  "scales them. PSNR/SSIM on the scene's test cameras; one seed per run."),
         "images": images, "eval_every": eval_every, "extra_flags": os.environ.get("EXTRA", ""),

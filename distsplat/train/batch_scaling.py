@@ -17,7 +17,7 @@ Object-centric captures sit near p = 1 (the built-in scene ~0.6-0.9, thermos ~0.
 sqrt(B) moves the Gaussians sqrt(B) times too little per image: after an opacity reset they
 take that many more images to recover (benchmarks/batch_quality.py).
 
-`--lr_batch_scaling visibility` (the default) measures p once, at setup: the fraction of
+`--lr_batch_scaling visibility` (the default) measures p once, as training starts: the fraction of
 (Gaussian, camera) pairs visible over an evenly spaced sample of the training cameras, summed
 over the ranks (exact integer counts: the same p on any W), and keeps it for the run (saved
 in checkpoints, so a resume scales as the run did). `sqrt` and `linear` are the two limits.

@@ -113,7 +113,7 @@ class Config:
     lr_batch_scaling: Literal["visibility", "sqrt", "linear"] = "visibility"
     """How the learning rates grow with the global batch B (train/batch_scaling.py): visibility:
     lr x sqrt(B (1 + (B - 1) p)), p the fraction of the training cameras that see a Gaussian
-    (measured at setup): a batch step moves the Gaussians as far as B one-image steps, from
+    (measured as training starts): a batch step moves the Gaussians as far as B one-image steps, from
     lr x B when every view sees everything to gsplat's and Grendel-GS's lr x sqrt(B) when each
     Gaussian is seen by one view of the batch; sqrt, linear: those two limits."""
     means_lr: float = 1.6e-4
