@@ -32,6 +32,9 @@ Scenes (SCENES, default "thermos,garden"):
     nice -n 15 python benchmarks/balance_study.py                # today's code: balanced false
     BALANCED=1 nice -n 15 python benchmarks/balance_study.py     # with the balancing of issue 33
 
+Run it from a checkout that nothing edits meanwhile: the rank processes import distsplat when
+they start, one configuration after another.
+
 Environment (defaults): SCENES, WS (4,2,8), BATCHES (1,4), BALANCED (0; 1 needs the trainer's
 --balance_cameras/--balance_pairs), WARM_EPOCHS (1), MIN_STEPS (8: measured epochs are added
 until the window holds this many steps), THERMOS_FACTOR (8), GARDEN_FACTOR (4), TRAIN_W (2),
@@ -88,7 +91,7 @@ def base_config(data_dir: str, factor: int, batch: int, result_dir: str, balance
 def train_config(work: Path, balanced: Optional[bool], steps: int):
     """thermos with densification (a compressed default schedule), saved at the end."""
     cfg = base_config(str(THERMOS), int(os.environ.get("THERMOS_FACTOR", 8)), 1, str(work), balanced)
-    cfg.max_steps, cfg.sh_degree_interval = steps, 100
+    cfg.max_steps, cfg.sh_degree_interval, cfg.log_every = steps, 100, 100
     cfg.eval_steps, cfg.save_steps = [steps], [steps]
     s = cfg.strategy
     s.refine_start_iter, s.refine_every, s.refine_stop_iter, s.reset_every = 100, 50, 600, 300
