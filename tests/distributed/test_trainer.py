@@ -174,7 +174,7 @@ def test_mcmc_global_cap_holds_across_ranks(run_workers, tmp_path):
 
 
 def test_rebalancing_keeps_every_gaussian_once_and_the_render(run_workers, tmp_path):
-    cfg = tiny_config(str(tmp_path / "rb"), max_steps=3)
+    cfg = tiny_config(str(tmp_path / "rb"), max_steps=5)
     r0, r1 = run_workers("trainer_workers:rebalance", 2, cfg)
     assert r0["counts"][1] == 3 and r0["after_counts"] == [e - s for s, e in r0["bounds"]]
     for k in r0["before"]:
@@ -185,6 +185,7 @@ def test_rebalancing_keeps_every_gaussian_once_and_the_render(run_workers, tmp_p
         m_after = torch.cat([r0["moments_after"][k], r1["moments_after"][k]])
         torch.testing.assert_close(m_after, m_before, rtol=0, atol=0)  # Adam moved with them
     torch.testing.assert_close(r0["render_after"], r0["render_before"])
+    assert r0["finite_after_steps"] and r1["finite_after_steps"], "Adam on the moved rows: finite, v >= 0"
 
 
 @pytest.fixture(scope="module")
