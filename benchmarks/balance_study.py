@@ -206,6 +206,8 @@ def garden_scene(work: Path) -> Path:
 def garden_memo(work: Path, folder: Path, factor: int, balanced: Optional[bool]) -> Path:
     """The garden's scene and initial Gaussians computed once (k-NN of 1.1M points) and served
     to every rank's setup (scaling_gpu.SetupMemo), per balancing mode."""
+    import torch
+
     from benchmarks.scaling_gpu import SetupMemo
     from distsplat.distributed import init_distributed
     from distsplat.train.trainer import Trainer
@@ -216,7 +218,7 @@ def garden_memo(work: Path, folder: Path, factor: int, balanced: Optional[bool])
         cfg = measure_config({"data_dir": str(folder), "factor": factor, "batch": 1, "balanced": balanced,
                               "result_dir": str(work / "memo_run"), "start_step": 0, "steps": 1})
         with memo.serving():
-            t = Trainer(cfg, init_distributed(device="cpu"))
+            t = Trainer(cfg, init_distributed(device=torch.device("cpu")))
             try:
                 t.setup()
             finally:
