@@ -12,8 +12,10 @@ percentile of the same ratios, the static part (max/mean of the ranks' totals ov
 and the Gaussians per rank (memory).
 
 The measured window: whole epochs of the camera batcher, after WARM_EPOCHS epochs (counted
-from the first epoch boundary of the run), so that whatever a run learns in an epoch (the
-cameras' costs) is in use; the unbalanced runs are measured over the same windows.
+from the first epoch boundary of the run), so that whatever a run learns (the cameras' costs,
+agreed --prefetch steps before each epoch: the first balanced epoch still misses the costs of
+the previous epoch's last cameras) is in use. The JSON's balanced runs used WARM_EPOCHS=2, the
+unbalanced ones 1 (the seeded order is alike in every epoch); each entry says which steps.
 
 Scenes (SCENES, default "thermos,garden"):
   thermos  ../shared/data/thermos (88 train views of a real capture) at --data_factor
@@ -23,11 +25,16 @@ Scenes (SCENES, default "thermos,garden"):
            that checkpoint (on any W) and runs without densification. Each `balanced` mode trains its
            own checkpoint with its own code (what a user gets); BALANCED=1 also measures the
            balanced code resumed from the unbalanced checkpoint (`trained_balanced: false`).
-  garden   test_garden.npz's 138766 SfM points x 8 jittered copies = 1.11M Gaussians, 64 cameras
-           (the 3 garden views turned by up to 8 degrees; benchmarks/scaling_gpu.py's scene),
-           --init_type sfm, at --data_factor GARDEN_FACTOR (4: 324x210). Pair counts do not
-           depend on the resolution (every projected Gaussian has a radius of >= 2 px with eps2d
-           0.3; the frustum is the same), so a lower resolution only saves CPU time.
+  garden   test_garden.npz's 138766 SfM points x GARDEN_REPLICAS jittered copies (8: the 1.11M
+           Gaussians of benchmarks/scaling_gpu.py's scene), 64 cameras (the 3 garden views turned
+           by up to 8 degrees), --init_type sfm, at --data_factor GARDEN_FACTOR (8: 162x105). Pair
+           counts hardly depend on the resolution (every projected Gaussian has a radius of >= 2 px
+           with eps2d 0.3; the frustum is the same), so a lower resolution only saves CPU time.
+           The copies of a point are adjacent in the Gaussians' order, so contiguous chunks and
+           per-camera pairs of the 1.11M scene have the ratios of the 138766 points (up to the
+           jitter); on CPU ranks the torch backend's rasterization of the 1.11M scene takes
+           7.4 GB per rank and step (W = 1, batch 1), more than 4 ranks get on a 23 GB machine,
+           so the JSON's garden entries use GARDEN_REPLICAS=1 (each entry names its replicas).
 
     nice -n 15 python benchmarks/balance_study.py                # today's code: balanced false
     BALANCED=1 nice -n 15 python benchmarks/balance_study.py     # with the balancing of issue 33
@@ -37,7 +44,7 @@ they start, one configuration after another.
 
 Environment (defaults): SCENES, WS (4,2,8), BATCHES (1,4), BALANCED (0; 1 needs the trainer's
 --balance_cameras/--balance_pairs), WARM_EPOCHS (1), MIN_STEPS (8: measured epochs are added
-until the window holds this many steps), THERMOS_FACTOR (8), GARDEN_FACTOR (4), TRAIN_W (2),
+until the window holds this many steps), THERMOS_FACTOR (8), GARDEN_FACTOR (8), GARDEN_REPLICAS (8), TRAIN_W (2),
 TRAIN_STEPS (800), WORK (/tmp/balance_study: the trained checkpoints and the garden capture,
 kept), NAME (balance_study). Entries are merged into benchmarks/results/$NAME.json by (scene, W,
 batch, balanced, trained_balanced): a rerun of one configuration replaces only its entry, each
@@ -130,8 +137,6 @@ def train_job(ctx, cfg) -> Dict[str, Any]:
 def measure_job(ctx, job: Dict[str, Any]) -> Dict[str, Any]:
     """One rank: setup, then `steps` calls of Trainer.train_step; per step this rank's
     (pairs projected, pairs rasterized, Gaussians held), as WorkMeter.record sees them."""
-    import torch
-
     from distsplat.train.trainer import Trainer
 
     memo = None
@@ -162,7 +167,6 @@ def measure_job(ctx, job: Dict[str, Any]) -> Dict[str, Any]:
         wall = time.perf_counter() - t0
     finally:
         trainer.cleanup()
-    del torch
     return {"rows": rows, "start_step": trainer.start_step, "batch_start": trainer.batch_start,
             "steps_per_epoch": trainer.batcher.steps_per_epoch, "wall_s": wall}
 
@@ -193,12 +197,18 @@ def thermos_checkpoint(work: Path, balanced: Optional[bool]) -> Dict[str, Any]:
     return info
 
 
+def garden_replicas() -> int:
+    return int(os.environ.get("GARDEN_REPLICAS", 8))
+
+
 def garden_scene(work: Path) -> Path:
-    folder = work / "garden"
+    reps = garden_replicas()
+    folder = work / ("garden" if reps == 8 else f"garden_r{reps}")
     if not (folder / "sparse" / "0" / "points3D.bin").is_file():
         from benchmarks.scaling_gpu import write_garden_scene
 
         os.environ.pop("SMALL", None)
+        os.environ["REPLICAS"] = str(reps)
         write_garden_scene(folder, small=False)
     return folder
 
@@ -212,7 +222,7 @@ def garden_memo(work: Path, folder: Path, factor: int, balanced: Optional[bool])
     from distsplat.distributed import init_distributed
     from distsplat.train.trainer import Trainer
 
-    path = work / f"garden_memo_{'balanced' if balanced else 'unbalanced'}.pt"
+    path = folder.parent / f"{folder.name}_memo_{factor}_{'balanced' if balanced else 'unbalanced'}.pt"
     if not path.is_file():
         memo = SetupMemo()
         cfg = measure_config({"data_dir": str(folder), "factor": factor, "batch": 1, "balanced": balanced,
@@ -281,7 +291,7 @@ def run_config(scene: str, W: int, b: int, balanced: Optional[bool], work: Path,
     if scene == "thermos":
         data_dir, factor, ckpt, memo = str(THERMOS), int(os.environ.get("THERMOS_FACTOR", 8)), trained["ckpt"], None
     else:
-        factor = int(os.environ.get("GARDEN_FACTOR", 4))
+        factor = int(os.environ.get("GARDEN_FACTOR", 8))
         folder = garden_scene(work)
         data_dir, ckpt, memo = str(folder), None, str(garden_memo(work, folder, factor, balanced))
     from distsplat.distributed import CameraBatcher
@@ -304,19 +314,22 @@ def run_config(scene: str, W: int, b: int, balanced: Optional[bool], work: Path,
              "steps_measured": measured, "steps_skipped": skip, "steps_per_epoch": spe,
              "epochs_measured": f"{(pos0 + skip) // spe}..{(pos0 + skip + measured) // spe - 1}",
              "train_cameras": n_train, "data_factor": factor, "wall_s": round(time.perf_counter() - t0, 1)}
+    if scene == "garden":
+        entry.update(replicas=garden_replicas())
     if scene == "thermos":
         entry.update(trained_balanced=bool(trained.get("balanced")), trained_num_GS=trained["num_GS"],
                      trained_psnr=trained["psnr"], trained_step=trained["step"])
     entry.update(commit=git_commit(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                  command=" ".join(["python"] + sys.argv) + "  # env: " + " ".join(
                      f"{k}={os.environ[k]}" for k in ("SCENES", "WS", "BATCHES", "BALANCED", "WARM_EPOCHS",
-                                                      "MIN_STEPS", "THERMOS_FACTOR", "GARDEN_FACTOR")
+                                                      "MIN_STEPS", "THERMOS_FACTOR", "GARDEN_FACTOR",
+                                                      "GARDEN_REPLICAS")
                      if k in os.environ))
     return entry
 
 
 def key(e: Dict[str, Any]) -> tuple:
-    return (e["scene"], e["W"], e["batch"], e["balanced"], e.get("trained_balanced"))
+    return (e["scene"], e.get("replicas"), e["W"], e["batch"], e["balanced"], e.get("trained_balanced"))
 
 
 def main() -> None:
@@ -339,7 +352,8 @@ def main() -> None:
     trained: Dict[str, Dict[str, Any]] = old.get("trained", {})
 
     def write() -> Path:
-        entries.sort(key=lambda e: (e["scene"], e["W"], e["batch"], e["balanced"], bool(e.get("trained_balanced"))))
+        entries.sort(key=lambda e: (e["scene"], e.get("replicas") or 0, e["W"], e["batch"], e["balanced"],
+                                    bool(e.get("trained_balanced"))))
         return write_result(name, {
             "what": "per scene, W and per-rank batch: median over steps of max/mean over the ranks of pairs "
                     "projected and pairs rasterized (benchmarks/balance_study.py's docstring); goal <= 1.05 at "
