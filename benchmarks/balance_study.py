@@ -48,7 +48,8 @@ until the window holds this many steps), THERMOS_FACTOR (8), GARDEN_FACTOR (8), 
 TRAIN_STEPS (800), WORK (/tmp/balance_study: the trained checkpoints and the garden capture,
 kept), NAME (balance_study). Entries are merged into benchmarks/results/$NAME.json by (scene, W,
 batch, balanced, trained_balanced): a rerun of one configuration replaces only its entry, each
-entry keeps its own commit, date and command. Prints one summary line.
+entry keeps its own commit, date and command. REPLICAS_CHECK=1 adds `replicas_check` (see
+replicas_check()). Prints one summary line.
 """
 
 from __future__ import annotations
@@ -283,6 +284,44 @@ def figures(ranks: List[Dict[str, Any]], skip: int, n: int) -> Dict[str, Any]:
     return out
 
 
+def replicas_check(work: Path) -> Dict[str, Any]:
+    """Do the garden's replicated copies keep its imbalance? For 1 and 8 replicas, the SfM
+    initial Gaussians (the trainer's load_scene and init_gaussians, in the points' order)
+    projected into every training camera (render.project, what each rank's projection runs):
+    per W, the max/mean of the contiguous chunks' pairs over all cameras, and the spread of the
+    cameras' pairs (their rasterization costs)."""
+    import torch
+
+    from distsplat.distributed import chunk_bounds
+    from distsplat.render.api import project
+    from distsplat.train.gaussians import activated, init_gaussians
+    from distsplat.train.scene_setup import load_scene_dir
+
+    factor, out = int(os.environ.get("GARDEN_FACTOR", 8)), {}
+    for reps in (1, 8):
+        os.environ["GARDEN_REPLICAS"] = str(reps)
+        scene = load_scene_dir(str(garden_scene(work)), factor, True, 8, check=False)
+        pts, rgb = torch.from_numpy(scene.points).float(), torch.from_numpy(scene.points_rgb).float() / 255
+        g = activated(init_gaussians(pts, rgb, 0, (0, len(pts))), 0)
+        cams, n = scene.camera_tensors(), len(pts)
+        per = []  # [C, W] pairs of each contiguous chunk, W = 8 (coarser W: sums of neighbours)
+        for c in scene.train:
+            with torch.no_grad():
+                pairs, _ = project(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
+                                   cams["viewmats"][c:c + 1], cams["Ks"][c:c + 1], int(scene.widths[c]),
+                                   int(scene.heights[c]), backend="torch", sh_degree=0)
+            ids = pairs.gaussian_ids.numpy()
+            per.append([int(((ids >= a) & (ids < b)).sum()) for a, b in chunk_bounds(n, 8)])
+        per = np.array(per, np.float64)
+        cost = per.sum(1)
+        out[f"replicas_{reps}"] = {
+            "gaussians": n, "pairs_per_camera_mean": round(float(cost.mean())),
+            "camera_pairs_cv": round(float(cost.std() / cost.mean()), 4),
+            **{f"W{W}_projected_static": round(float(t.max() / t.mean()), 4)
+               for W in (2, 4, 8) for t in [per.reshape(len(per), W, 8 // W).sum((0, 2))]}}
+    return out
+
+
 # ------------------------------------------------------------------------------ main
 
 
@@ -359,8 +398,12 @@ def main() -> None:
                     "projected and pairs rasterized (benchmarks/balance_study.py's docstring); goal <= 1.05 at "
                     "W = 4, batch 1 and 4 (issue 33)",
             "device": "CPU, gloo processes, torch backend (work units: pair counts, device independent)",
-            "trained": trained, "entries": entries})
+            "trained": trained, "entries": entries,
+            **({"replicas_check": old["replicas_check"]} if "replicas_check" in old else {})})
 
+    if os.environ.get("REPLICAS_CHECK") == "1":
+        old["replicas_check"] = {**replicas_check(work), "commit": git_commit(),
+                                 "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     for scene in scenes:
         runs = [(balanced, balanced)]
         if scene == "thermos" and balanced:  # the balanced code on the unbalanced run's scene too
@@ -379,6 +422,7 @@ def main() -> None:
                           + f": projected {e['projected_max_over_mean']:.3f} rasterized "
                           f"{e['rasterized_max_over_mean']:.3f} ({e['steps_measured']} steps, {e['wall_s']:.0f} s)",
                           flush=True)
+    p = write()
     print(f"balance_study: {len(entries)} entries -> {p}")
 
 
