@@ -26,12 +26,12 @@ than others).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds
 from ..distributed.batcher import pack_floats, unpack_floats
