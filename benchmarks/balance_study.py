@@ -322,6 +322,43 @@ def replicas_check(work: Path) -> Dict[str, Any]:
     return out
 
 
+def gpu_prediction(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The step time the balancing saves on the GPU scaling model (benchmarks/scaling_model.py:
+    T = max_r(A_r + C_r) + max_r(B_r) + X): per W = 4 configuration of scaling_gpu.json (H100,
+    the 1.11M garden), the pair-proportional stages' mean time per rank -- projection side
+    (project, pack, project_bwd: pairs projected) and rasterization side (unpack, raster_fwd,
+    raster_bwd: pairs rasterized) -- times the drop of the garden's mean over steps of max/mean
+    (each step waits for its busiest rank) from balanced false to true. An estimate: the stages
+    are taken as proportional to their pairs, the rest (loss, Adam, exchange) as even."""
+    import ast
+
+    path = RESULTS / "scaling_gpu.json"
+    if not path.is_file():
+        return {}
+    gpu = json.loads(path.read_text())
+    garden = {(e["W"], e["batch"], e["balanced"]): e for e in entries if e["scene"] == "garden"}
+    out: Dict[str, Any] = {"source": f"{path.name} (commit {gpu.get('commit', '?')[:7]}, {gpu.get('device')}); "
+                                     "garden entries above", "method": " ".join((gpu_prediction.__doc__ or "").split())}
+    for row in gpu.get("results", []):
+        W, b = row.get("W"), row.get("batch_per_rank")
+        before, after = garden.get((W, b, False)), garden.get((W, b, True))
+        if W != 4 or before is None or after is None:
+            continue
+        ranks = row["per_rank_ms"]
+        ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
+        proj = float(np.mean([r["project"] + r["pack"] + r["project_bwd"] for r in ranks]))
+        rast = float(np.mean([r.get("unpack", 0.0) + r["raster_fwd"] + r["raster_bwd"] for r in ranks]))
+        saved = {"projection": (before["projected_mean_of_steps"] - after["projected_mean_of_steps"]) * proj,
+                 "rasterization": (before["rasterized_mean_of_steps"] - after["rasterized_mean_of_steps"]) * rast}
+        step = row["predicted"]
+        step = ast.literal_eval(step) if isinstance(step, str) else step
+        out[f"W{W}_b{b}"] = {"pair_stages_ms_per_rank": {"projection": round(proj, 2), "rasterization": round(rast, 2)},
+                             "saved_ms_per_step": {k: round(v, 2) for k, v in saved.items()},
+                             "saved_ms_total": round(sum(saved.values()), 2),
+                             "model_step_ms_nvlink": step["ours"]["nvlink_h100"]["step_ms"]}
+    return out
+
+
 # ------------------------------------------------------------------------------ main
 
 
@@ -399,7 +436,8 @@ def main() -> None:
                     "W = 4, batch 1 and 4 (issue 33)",
             "device": "CPU, gloo processes, torch backend (work units: pair counts, device independent)",
             "trained": trained, "entries": entries,
-            **({"replicas_check": old["replicas_check"]} if "replicas_check" in old else {})})
+            **({"replicas_check": old["replicas_check"]} if "replicas_check" in old else {}),
+            "gpu_prediction": gpu_prediction(entries)})
 
     if os.environ.get("REPLICAS_CHECK") == "1":
         old["replicas_check"] = {**replicas_check(work), "commit": git_commit(),
