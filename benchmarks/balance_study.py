@@ -34,7 +34,10 @@ Scenes (SCENES, default "thermos,garden"):
            per-camera pairs of the 1.11M scene have the ratios of the 138766 points (up to the
            jitter); on CPU ranks the torch backend's rasterization of the 1.11M scene takes
            7.4 GB per rank and step (W = 1, batch 1), more than 4 ranks get on a 23 GB machine,
-           so the JSON's garden entries use GARDEN_REPLICAS=1 (each entry names its replicas).
+           so the JSON's garden entries use GARDEN_REPLICAS=1 (each entry names its replicas),
+           and where even the 138766 points' ~4.7 GB per rank at batch 4 do not fit, a seeded
+           random subset of GARDEN_POINTS of them in their order (scaling_gpu's SMALL subset,
+           at the full scene's cameras and resolution).
 
     nice -n 15 python benchmarks/balance_study.py                # today's code: balanced false
     BALANCED=1 nice -n 15 python benchmarks/balance_study.py     # with the balancing of issue 33
@@ -44,7 +47,8 @@ they start, one configuration after another.
 
 Environment (defaults): SCENES, WS (4,2,8), BATCHES (1,4), BALANCED (0; 1 needs the trainer's
 --balance_cameras/--balance_pairs), WARM_EPOCHS (1), MIN_STEPS (8: measured epochs are added
-until the window holds this many steps), THERMOS_FACTOR (8), GARDEN_FACTOR (8), GARDEN_REPLICAS (8), TRAIN_W (2),
+until the window holds this many steps), THERMOS_FACTOR (8), GARDEN_FACTOR (8), GARDEN_REPLICAS (8),
+GARDEN_POINTS (all 138766), TRAIN_W (2),
 TRAIN_STEPS (800), WORK (/tmp/balance_study: the trained checkpoints and the garden capture,
 kept), NAME (balance_study). Entries are merged into benchmarks/results/$NAME.json by (scene, W,
 batch, balanced, trained_balanced): a rerun of one configuration replaces only its entry, each
@@ -202,15 +206,26 @@ def garden_replicas() -> int:
     return int(os.environ.get("GARDEN_REPLICAS", 8))
 
 
+def garden_points() -> Optional[int]:
+    return int(os.environ["GARDEN_POINTS"]) if os.environ.get("GARDEN_POINTS") else None
+
+
 def garden_scene(work: Path) -> Path:
-    reps = garden_replicas()
+    reps, points = garden_replicas(), garden_points()
     folder = work / ("garden" if reps == 8 else f"garden_r{reps}")
+    if points is not None:
+        folder = work / f"garden_p{points}"
     if not (folder / "sparse" / "0" / "points3D.bin").is_file():
-        from benchmarks.scaling_gpu import write_garden_scene
+        import numpy as np
+
+        from benchmarks.scaling_gpu import garden_path, write_garden_scene
 
         os.environ.pop("SMALL", None)
         os.environ["REPLICAS"] = str(reps)
-        write_garden_scene(folder, small=False)
+        if points is not None:  # scaling_gpu's subset (1 replica) at the full scene's 1296x840 cameras
+            d = np.load(garden_path())
+            os.environ["SMALL_SIZE"] = f"{points},{2 * int(d['width'])},{2 * int(d['height'])}"
+        write_garden_scene(folder, small=points is not None)
     return folder
 
 
@@ -336,14 +351,16 @@ def gpu_prediction(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
     if not path.is_file():
         return {}
     gpu = json.loads(path.read_text())
-    garden = {(e["W"], e["batch"], e["balanced"]): e for e in entries if e["scene"] == "garden"}
+    garden = {(points_of(e), e["W"], e["batch"], e["balanced"]): e for e in entries if e["scene"] == "garden"}
     out: Dict[str, Any] = {"source": f"{path.name} (commit {gpu.get('commit', '?')[:7]}, {gpu.get('device')}); "
                                      "garden entries above", "method": " ".join((gpu_prediction.__doc__ or "").split())}
     for row in gpu.get("results", []):
         W, b = row.get("W"), row.get("batch_per_rank")
-        before, after = garden.get((W, b, False)), garden.get((W, b, True))
-        if W != 4 or before is None or after is None:
+        both = sorted((p for p, w, bb, bal in garden if (w, bb, bal) == (W, b, True) and (p, W, b, False) in garden),
+                      reverse=True)  # the garden runs with the most points that have both
+        if W != 4 or not both:
             continue
+        before, after = garden[(both[0], W, b, False)], garden[(both[0], W, b, True)]
         ranks = row["per_rank_ms"]
         ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
         proj = float(np.mean([r["project"] + r["pack"] + r["project_bwd"] for r in ranks]))
@@ -352,7 +369,7 @@ def gpu_prediction(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
                  "rasterization": (before["rasterized_mean_of_steps"] - after["rasterized_mean_of_steps"]) * rast}
         step = row["predicted"]
         step = ast.literal_eval(step) if isinstance(step, str) else step
-        out[f"W{W}_b{b}"] = {"pair_stages_ms_per_rank": {"projection": round(proj, 2), "rasterization": round(rast, 2)},
+        out[f"W{W}_b{b}"] = {"garden_points": both[0], "pair_stages_ms_per_rank": {"projection": round(proj, 2), "rasterization": round(rast, 2)},
                              "saved_ms_per_step": {k: round(v, 2) for k, v in saved.items()},
                              "saved_ms_total": round(sum(saved.values()), 2),
                              "model_step_ms_nvlink": step["ours"]["nvlink_h100"]["step_ms"]}
@@ -391,7 +408,7 @@ def run_config(scene: str, W: int, b: int, balanced: Optional[bool], work: Path,
              "epochs_measured": f"{(pos0 + skip) // spe}..{(pos0 + skip + measured) // spe - 1}",
              "train_cameras": n_train, "data_factor": factor, "wall_s": round(time.perf_counter() - t0, 1)}
     if scene == "garden":
-        entry.update(replicas=garden_replicas())
+        entry.update(replicas=1 if garden_points() else garden_replicas(), points=garden_points() or 138766)
     if scene == "thermos":
         entry.update(trained_balanced=bool(trained.get("balanced")), trained_num_GS=trained["num_GS"],
                      trained_psnr=trained["psnr"], trained_step=trained["step"])
@@ -399,13 +416,19 @@ def run_config(scene: str, W: int, b: int, balanced: Optional[bool], work: Path,
                  command=" ".join(["python"] + sys.argv) + "  # env: " + " ".join(
                      f"{k}={os.environ[k]}" for k in ("SCENES", "WS", "BATCHES", "BALANCED", "WARM_EPOCHS",
                                                       "MIN_STEPS", "THERMOS_FACTOR", "GARDEN_FACTOR",
-                                                      "GARDEN_REPLICAS")
+                                                      "GARDEN_REPLICAS", "GARDEN_POINTS")
                      if k in os.environ))
     return entry
 
 
+def points_of(e: Dict[str, Any]) -> Optional[int]:
+    """The garden's SfM points of an entry (entries written before GARDEN_POINTS: all 138766)."""
+    return e.get("points", 138766) if e["scene"] == "garden" else None
+
+
 def key(e: Dict[str, Any]) -> tuple:
-    return (e["scene"], e.get("replicas"), e["W"], e["batch"], e["balanced"], e.get("trained_balanced"))
+    return (e["scene"], points_of(e), e.get("replicas"), e["W"], e["batch"], e["balanced"],
+            e.get("trained_balanced"))
 
 
 def main() -> None:
@@ -428,8 +451,8 @@ def main() -> None:
     trained: Dict[str, Dict[str, Any]] = old.get("trained", {})
 
     def write() -> Path:
-        entries.sort(key=lambda e: (e["scene"], e.get("replicas") or 0, e["W"], e["batch"], e["balanced"],
-                                    bool(e.get("trained_balanced"))))
+        entries.sort(key=lambda e: (e["scene"], -(points_of(e) or 0), e.get("replicas") or 0, e["W"], e["batch"],
+                                    e["balanced"], bool(e.get("trained_balanced"))))
         return write_result(name, {
             "what": "per scene, W and per-rank batch: median over steps of max/mean over the ranks of pairs "
                     "projected and pairs rasterized (benchmarks/balance_study.py's docstring); goal <= 1.05 at "
