@@ -120,7 +120,11 @@ def move_rows(
     payload = torch.cat([f.to(dtype) for f in flat], dim=1)  # [N_local, F]
     received = exchange_rows(payload, send, recv, group)  # [N_target, F] in global order
     n_new = target[me][1] - target[me][0]
+    # Each tensor contiguous, in storage of its own: the columns of `received` are strided views,
+    # and torch's fused Adam updates a parameter and its moments as if they were contiguous
+    # (on views of one buffer it writes over the neighbouring columns: NaN after a rebalance).
     return {
-        k: part.reshape((n_new,) + tuple(rows[k].shape[1:])).to(rows[k].dtype)
+        k: part.reshape((n_new,) + tuple(rows[k].shape[1:])).to(rows[k].dtype, memory_format=torch.contiguous_format,
+                                                                copy=True)
         for k, part in zip(names, torch.split(received, widths, dim=1))
     }

@@ -154,6 +154,23 @@ class Config:
     MCMC's cap_max is the GLOBAL cap, split across ranks."""
     rebalance_ratio: float = 1.5
     """After densification, rebalance when the largest rank holds more than this times the smallest's Gaussians."""
+    # Balanced ranks (issue 33; distsplat/train/balance.py): a step lasts as long as its slowest rank
+    balance_cameras: bool = True
+    """Balance the rasterization: once per epoch the ranks agree every camera's cost (its pairs at its last
+    render, counted from the projection's own output: one all-reduce per epoch, nothing per step), and in the
+    next epoch every step renders, on every rank, own cameras of the same cost stratum (each camera still once
+    per epoch; the sequence a function of the seed and the agreed costs, which checkpoints keep). The first
+    epoch, with no costs known, keeps the seeded order. Off (--no-balance-cameras): the seeded order always."""
+    balance_pairs: bool = True
+    """Balance the projection: the initial SfM points are dealt to the ranks in a seeded shuffled order (each
+    rank's chunk then samples the whole scene, so every camera's pairs split evenly), and at each epoch's
+    agreement the chunk boundaries move so that every rank projects about the same pairs when their max/mean
+    passes --balance_pairs_ratio (Gaussians move with their Adam state, as --rebalance_ratio's do; the ranks'
+    Gaussian counts stay within half of --rebalance_ratio's spread). Off (--no-balance-pairs): chunks of equal
+    Gaussian counts, in the points' own order."""
+    balance_pairs_ratio: float = 1.03
+    """--balance_pairs moves chunk boundaries when the ranks' projected pairs per step over the last epoch
+    differ by more than this max/mean."""
 
     backend: Literal["auto", "torch", "gsplat"] = "auto"
     """Render backend: gsplat's CUDA kernels on GPU, the PyTorch reference on CPU."""
@@ -288,6 +305,7 @@ class Config:
             (0 < self.near_plane < self.far_plane, "--near_plane/--far_plane",
              f"need 0 < near_plane < far_plane, got {self.near_plane}, {self.far_plane}"),
             (self.rebalance_ratio > 1.0, "--rebalance_ratio", f"must be > 1, got {self.rebalance_ratio}"),
+            (self.balance_pairs_ratio > 1.0, "--balance_pairs_ratio", f"must be > 1, got {self.balance_pairs_ratio}"),
             (self.num_workers >= 1 and self.prefetch >= 1, "--num_workers/--prefetch", "must be >= 1"),
             (self.max_bad_steps >= 0, "--max_bad_steps", f"must be >= 0, got {self.max_bad_steps}"),
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),

@@ -58,7 +58,7 @@ from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
 from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_frame_files
 from .faults import DivergenceGuard, SaveGuard
-from .balance import WorkMeter
+from .balance import Balancer, WorkMeter, interleave, pair_bounds
 from ..data.heap import TRIM_FROM, trim_heap
 from ..profiling import StepRanges
 from .scene_setup import agree_cameras, checks_own_images, load_scene, scene_scale
@@ -119,6 +119,10 @@ class Trainer:
         self.pose = setup_pose_opt(cfg, self.viewmats, self.train_idx, cfg.batch_size * W)  # None without --pose_opt
         check_batch_size(len(self.train_idx), W, cfg.batch_size)
         self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
+        # issue 33: the cameras' costs and the ranks' pairs, agreed once per epoch (balance.py); one
+        # rank has nothing to balance (the initial points are interleaved at any W: the global order)
+        self.balance = Balancer(ctx, self.device, scene.num_cameras, cfg.balance_cameras and W > 1,
+                                cfg.balance_pairs and W > 1, lead=cfg.prefetch)
         self.app = setup_app_opt(cfg, len(self.train_idx), self.batcher.own_cameras(r), cfg.batch_size * W,
                                  self.device)  # None without --app_opt; embeddings of own images only
         t0, t1 = test_owners(len(self.test_idx), W)[r]
@@ -172,6 +176,9 @@ class Trainer:
         if init == "sfm":
             points = torch.from_numpy(self.scene.points).float()
             rgbs = torch.from_numpy(self.scene.points_rgb).float() / 255.0
+            if cfg.balance_pairs:  # every rank's chunk samples the whole scene (balance.py)
+                order = torch.from_numpy(interleave(len(points), cfg.seed))
+                points, rgbs = points[order], rgbs[order]
         else:
             points, rgbs = random_points(cfg.init_num_pts, cfg.init_extent * self.scene_scale, cfg.seed)
         if ctx.is_main and cfg.init_type == "auto" and cfg.ckpt is None:
@@ -366,6 +373,7 @@ class Trainer:
     def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
         self.ranges("train/batch")
+        self._balance_point(step)  # once per epoch, before the loader asks for the next one
         batch = self._batch(step)
         images = next(self.loader)
         C = len(batch.cameras)
@@ -405,6 +413,7 @@ class Trainer:
             if self.depth is not None:  # expected depth in the 4th channel
                 loss = loss + cfg.depth_lambda * self.depth.loss(colors[..., 3:], group_cameras(images, grp)) / C
         self.work.record(metas)  # this rank's pairs, from the count exchange (host ints)
+        self.balance.record(metas, groups, cams, len(self.params["means"]))  # each camera's pairs (device)
         meta = merge_meta(metas, groups, C)  # what densification reads, as of one render
         if cfg.opacity_reg > 0:
             loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
@@ -456,13 +465,31 @@ class Trainer:
             if max(counts) > self.cfg.rebalance_ratio * max(min(counts), 1) and self._receivers_have_room(counts):
                 self._rebalance(counts)
 
-    def _receivers_have_room(self, counts: List[int]) -> bool:
+    def _balance_point(self, step: int) -> None:
+        """Where balance.py's agreement is due (once per epoch, `--prefetch` steps before it
+        ends): the next epoch's camera costs, and chunk boundaries by projected pairs when the
+        ranks' pairs drifted apart."""
+        spe = self.batcher.steps_per_epoch
+        position = self.batch_start + step - self.start_step
+        epoch = self.balance.due(position, spe)
+        if epoch is None:
+            return
+        agreed = self.balance.agree(len(self.params["means"]))
+        if agreed.costs is not None:
+            self.batcher.set_costs(epoch, agreed.costs[self.train_np], keep_from=position // spe)
+        if not self.cfg.balance_pairs or agreed.pair_imbalance() <= self.cfg.balance_pairs_ratio:
+            return
+        target = pair_bounds(agreed.counts, agreed.pairs_per_gaussian, 1 + (self.cfg.rebalance_ratio - 1) / 2)
+        if [e - s for s, e in target] != agreed.counts and self._receivers_have_room(agreed.counts, target):
+            self._rebalance(agreed.counts, target, f"projected pairs max/mean {agreed.pair_imbalance():.3f}")
+
+    def _receivers_have_room(self, counts: List[int], target: Optional[List[Tuple[int, int]]] = None) -> bool:
         """Whether every rank that a rebalance would give Gaussians to has the memory for
         them (one all-reduce of W flags, only on steps that would rebalance). A rank whose
         growth stopped for memory would be pushed over by receiving, so the rebalance waits
         (the ranks stay uneven, but none runs out of memory); ranks that give are relieved."""
         W, r = self.ctx.world_size, self.ctx.rank
-        start, end = chunk_bounds(sum(counts), W)[r]
+        start, end = (target or chunk_bounds(sum(counts), W))[r]
         incoming = (end - start) - counts[r]
         full = torch.zeros(W, dtype=torch.int64, device=self.device)
         full[r] = int(incoming > 0 and not self.memory_guard.fits(self.params, incoming))
@@ -477,9 +504,10 @@ class Trainer:
                     log.warning("rebalancing resumes: every receiving rank has room again (counts %s)", counts)
         return not full_ranks
 
-    def _rebalance(self, counts) -> None:
+    def _rebalance(self, counts, target: Optional[List[Tuple[int, int]]] = None, why: str = "") -> None:
         """Moves Gaussians (with their Adam moments and strategy accumulators) so every
-        rank holds its near-equal contiguous chunk again."""
+        rank holds its near-equal contiguous chunk again, or its chunk of `target`."""
+        target = target or chunk_bounds(sum(counts), self.ctx.world_size)
         n_local = counts[self.ctx.rank]
         rows: Dict[str, Tensor] = {}
         for name, p in self.params.items():
@@ -491,7 +519,7 @@ class Trainer:
             v = self.strategy_state.get(k)
             if isinstance(v, Tensor) and v.shape[:1] == (n_local,):
                 rows[f"s/{k}"] = to_float_rows(v)  # ids travel exactly
-        moved = move_rows(rows, counts, chunk_bounds(sum(counts), self.ctx.world_size))
+        moved = move_rows(rows, counts, target)
         payload = {"params": {}, "optim": {}, "per_gaussian": {}}
         for name, p in self.params.items():
             payload["params"][name] = moved[f"p/{name}"]
@@ -502,9 +530,12 @@ class Trainer:
         extra = ck.load_rows_into(payload, self.params, self.optimizers, self.device)
         for k, v in extra.items():
             self.strategy_state[k] = from_float_rows(v, self.strategy_state[k].dtype)
+        if isinstance(self.strategy, MCMCStrategy):  # each rank keeps its headroom under the global cap
+            self.strategy.cap_max += (target[self.ctx.rank][1] - target[self.ctx.rank][0]) - n_local
+        self.balance.rows_moved()
         if self.ctx.is_main:
-            log.info("rebalanced %d Gaussians: per-rank counts %s -> %s", sum(counts), counts,
-                     [e - s for s, e in chunk_bounds(sum(counts), self.ctx.world_size)])
+            log.info("rebalanced %d Gaussians%s: per-rank counts %s -> %s", sum(counts), f" ({why})" if why else "",
+                     counts, [e - s for s, e in target])
 
     # ------------------------------------------------------------ eval / save
     def _ready_lpips(self) -> None:
@@ -596,13 +627,14 @@ class Trainer:
             app_state = self.app.state_dict()
             if ctx.is_main:
                 payload["app_opt"] = app_state
+        balance = self.balance.state_dict()  # every camera's last pairs (one all-reduce): the next costs
 
         def finalize() -> None:  # rank 0, once every shard is written
             epoch, in_epoch = self._batch_pos(step)
             state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
                      "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
                      "frame": frame_info(self.scene.transform, NORMALIZED),  # the checkpoint's Gaussians' world
-                     "lr_batch": self.lr_batch}
+                     "lr_batch": self.lr_batch, **({"balance": balance} if balance else {})}
             ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
             newer = ck.newer_checkpoints(root, step)
             if newer and not self._warned_newer:
@@ -680,6 +712,7 @@ class Trainer:
             seed_rank_rng(self.cfg.seed, self.ctx.rank, self.start_step)
         if not (self.cfg.eval_only or self.cfg.render_only):  # no training: no batch sequence to continue
             self.batcher.load_state_dict(meta["state"]["batcher"])
+            self.balance.load_state_dict(meta["state"].get("balance"))
             self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
         if self.ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],

@@ -18,4 +18,5 @@ def rebalance(ctx, counts):
     mine = {k: v[start : start + counts[me]] for k, v in global_rows(sum(counts)).items()}
     seen = gather_counts(counts[me], torch.device("cpu"))
     moved = move_rows(mine, seen, chunk_bounds(sum(counts), W))
-    return seen, {k: v for k, v in moved.items()}
+    contiguous = {k: v.is_contiguous() for k, v in moved.items()}  # what torch's fused Adam needs
+    return seen, {k: v for k, v in moved.items()}, contiguous

@@ -20,6 +20,10 @@ ANISO = 0.3  # see trainer_workers.to_float64: no quaternion with a structurally
 # The longest sum behind one gradient component: every pixel of both batch cameras
 # (tiny_config: 32 x 24 images, global batch 2).
 N_ACC = 2 * 32 * 24
+# The W-invariance runs replay one global batch sequence on every W (trainer_workers.ReplayTrainer).
+# --balance_cameras reorders each epoch by the cameras' measured costs at W > 1 only, so it is off
+# here; its own invariants: tests/unit/test_batcher.py, test_balance.py (issue 33).
+SAME_BATCHES = {"balance_cameras": False}
 
 
 def rounding_bound(adam: dict, final: torch.Tensor) -> torch.Tensor:
@@ -49,7 +53,7 @@ def excess_over_rounding(one: dict, two: list) -> dict:
 @pytest.fixture(scope="module")
 def w1_reference(run_workers, tmp_path_factory):
     out = tmp_path_factory.mktemp("w1")
-    cfg = tiny_config(str(out / "w1"), batch_size=2, eval_steps=[20])
+    cfg = tiny_config(str(out / "w1"), batch_size=2, eval_steps=[20], **SAME_BATCHES)
     # replays W=2's global batches; float64, anisotropic scales, Adam recorded
     (one,) = run_workers("trainer_workers:train", 1, cfg, 2, True, True, -1, ANISO)
     return one
@@ -57,7 +61,7 @@ def w1_reference(run_workers, tmp_path_factory):
 
 def test_w1_and_w2_training_give_the_same_parameters_and_metrics(run_workers, w1_reference, tmp_path):
     one = w1_reference
-    cfg2 = tiny_config(str(tmp_path / "w2"), batch_size=1, eval_steps=[20])
+    cfg2 = tiny_config(str(tmp_path / "w2"), batch_size=1, eval_steps=[20], **SAME_BATCHES)
     two = run_workers("trainer_workers:train", 2, cfg2, 0, True, False, -1, ANISO)
     start = run_workers("trainer_workers:train", 1, tiny_config(str(tmp_path / "w0"), max_steps=1), 0, True,
                         False, -1, ANISO)[0]  # after one step, from the same anisotropic start
@@ -78,7 +82,7 @@ def test_w1_and_w2_training_give_the_same_parameters_and_metrics(run_workers, w1
 
 def test_w_invariance_check_catches_a_dropped_gradient(run_workers, w1_reference, tmp_path):
     """The check above can fail: rank 1 zeroing its gradients (a lost reverse exchange)."""
-    cfg2 = tiny_config(str(tmp_path / "w2"), batch_size=1, eval_steps=[20])
+    cfg2 = tiny_config(str(tmp_path / "w2"), batch_size=1, eval_steps=[20], **SAME_BATCHES)
     two = run_workers("trainer_workers:train", 2, cfg2, 0, True, False, 1, ANISO)
     excess = excess_over_rounding(w1_reference, two)
     assert all(e > 1e3 for e in excess.values()), excess
@@ -109,7 +113,7 @@ def densify_config(result_dir: str, batch_size: int, **overrides):
     overrides.setdefault("lr_batch_scaling", "sqrt")
     return tiny_config(result_dir, batch_size=batch_size, strategy=DefaultStrategy(
         refine_start_iter=3, refine_every=3, refine_stop_iter=20, reset_every=8, grow_grad2d=1e-3,
-        prune_opa=0.05), **overrides)
+        prune_opa=0.05), **{**SAME_BATCHES, **overrides})
 
 
 def _by_id(results):
@@ -177,7 +181,7 @@ def test_mcmc_global_cap_holds_across_ranks(run_workers, tmp_path):
 
 
 def test_rebalancing_keeps_every_gaussian_once_and_the_render(run_workers, tmp_path):
-    cfg = tiny_config(str(tmp_path / "rb"), max_steps=3)
+    cfg = tiny_config(str(tmp_path / "rb"), max_steps=5)
     r0, r1 = run_workers("trainer_workers:rebalance", 2, cfg)
     assert r0["counts"][1] == 3 and r0["after_counts"] == [e - s for s, e in r0["bounds"]]
     for k in r0["before"]:
@@ -188,6 +192,7 @@ def test_rebalancing_keeps_every_gaussian_once_and_the_render(run_workers, tmp_p
         m_after = torch.cat([r0["moments_after"][k], r1["moments_after"][k]])
         torch.testing.assert_close(m_after, m_before, rtol=0, atol=0)  # Adam moved with them
     torch.testing.assert_close(r0["render_after"], r0["render_before"])
+    assert r0["finite_after_steps"] and r1["finite_after_steps"], "Adam on the moved rows: finite, v >= 0"
 
 
 @pytest.fixture(scope="module")

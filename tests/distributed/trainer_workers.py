@@ -250,7 +250,8 @@ def rebalance(ctx, cfg: Config) -> Dict[str, Any]:
     trainer = Trainer(copy.deepcopy(cfg), ctx)
     try:
         trainer.setup()
-        trainer.train()  # a few steps: Adam moments are non-zero
+        for step in range(cfg.max_steps - 2):  # a few steps: Adam moments are non-zero (2 more after)
+            trainer.train_step(step)
         if ctx.rank == 1:
             mask = torch.zeros(len(trainer.params["means"]), dtype=torch.bool)
             mask[3:] = True
@@ -261,11 +262,17 @@ def rebalance(ctx, cfg: Config) -> Dict[str, Any]:
         counts = gather_counts(len(trainer.params["means"]), torch.device("cpu"))
         trainer._rebalance(counts)
         after_counts = gather_counts(len(trainer.params["means"]), torch.device("cpu"))
-        moments_after = {k: trainer.optimizers[k].state[p]["exp_avg"] for k, p in trainer.params.items()}
-        return {"before": before, "after": _params(trainer), "counts": counts, "after_counts": after_counts,
-                "moments": moments, "moments_after": moments_after,
-                "render_before": render_before, "render_after": fixed_view_render(trainer),
-                "bounds": chunk_bounds(sum(counts), ctx.world_size)}
+        moments_after = {k: trainer.optimizers[k].state[p]["exp_avg"].clone() for k, p in trainer.params.items()}
+        out = {"before": before, "after": _params(trainer), "counts": counts, "after_counts": after_counts,
+               "moments": moments, "moments_after": moments_after,
+               "render_before": render_before, "render_after": fixed_view_render(trainer),
+               "bounds": chunk_bounds(sum(counts), ctx.world_size)}
+        for step in range(cfg.max_steps - 2, cfg.max_steps):  # Adam steps on the moved rows and moments
+            trainer.train_step(step)
+        state = [trainer.optimizers[k].state[p] for k, p in trainer.params.items()]
+        out["finite_after_steps"] = bool(all(torch.isfinite(p).all() for p in trainer.params.values())
+                                         and all((s["exp_avg_sq"] >= 0).all() for s in state))
+        return out
     finally:
         trainer.cleanup()
 

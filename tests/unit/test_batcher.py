@@ -133,3 +133,152 @@ def test_own_batch_is_the_batch_cameras_of_the_rank(n, W, k):
                 assert b.own_batch(epoch, step, r) == batch.cameras[batch.own(r)].tolist()
     with pytest.raises(ValueError, match="rank"):
         b.own_batch(0, 0, W)
+
+
+# --------------------------------------------------------------- cost-balanced epochs (issue 33)
+
+
+def camera_costs(n, seed=0):
+    """Per-camera costs as uneven as a real capture's pair counts (a factor ~3 apart)."""
+    return np.random.default_rng(seed).uniform(1000, 3000, n).round()
+
+
+def floor_ratio(b, costs):
+    """max/mean of the shards' total costs: what no order within fixed shards can beat on
+    average (each rank renders its whole shard every epoch)."""
+    totals = np.array([costs[b.own_cameras(r).numpy()].sum() for r in range(b.world_size)])
+    return totals.max() / totals.mean()
+
+
+def epoch_batches(b, epoch):
+    return [b.batch(epoch, s) for s in range(b.steps_per_epoch)]
+
+
+def step_sums(batch, costs, W):
+    """[W] each rank's summed camera cost in one batch."""
+    return np.array([costs[batch.cameras[batch.own(r)].numpy()].sum() for r in range(W)])
+
+
+@pytest.mark.parametrize("n,W,k", [(88, 4, 1), (88, 4, 4), (57, 4, 2), (13, 3, 2), (23, 4, 3), (9, 2, 4)])
+def test_balanced_epoch_sees_every_camera_once_and_keeps_the_layout(n, W, k):
+    b = CameraBatcher(n, W, k, seed=5)
+    b.set_costs(1, camera_costs(n))
+    for epoch in (1, 2):
+        batches = epoch_batches(b, epoch)
+        seen = torch.cat([x.cameras for x in batches])
+        assert set(seen.tolist()) == set(range(n)), "every camera at least once per epoch"
+        assert len(seen) == W * k * b.steps_per_epoch
+        extra = len(seen) - n
+        assert extra == sum(k * b.steps_per_epoch - len(b.own_cameras(r)) for r in range(W)), "repeats only to fill"
+        for x in batches:
+            assert torch.equal(b.owner[x.cameras], x.camera_owner), "ownership is the fixed one"
+            for r in range(W):
+                assert len(set(x.cameras[x.own(r)].tolist())) == k, "no camera twice in a step"
+            for r in range(W):
+                assert b.own_batch(epoch, x.step, r) == x.cameras[x.own(r)].tolist()
+
+
+def test_balanced_steps_take_the_same_cost_stratum_on_every_rank():
+    """k = 1: step by step the ranks render cameras of the same cost rank within their shards;
+    the median step's max/mean falls from the seeded order's to near what the fixed shards
+    allow (their totals' max/mean)."""
+    n, W = 88, 4
+    costs = camera_costs(n, seed=1)
+    b = CameraBatcher(n, W, 1, seed=3)
+    seeded = [step_sums(x, costs, W) for x in epoch_batches(b, 0)]
+    b.set_costs(1, costs)
+    balanced = epoch_batches(b, 1)
+    ranks = {r: np.argsort(np.argsort(-costs[b.own_cameras(r).numpy()])) for r in range(W)}  # cost rank in shard
+    for x in balanced:
+        strata = {int(ranks[r][list(b.own_cameras(r).numpy()).index(int(x.cameras[r]))]) for r in range(W)}
+        assert len(strata) == 1, f"step {x.step}: ranks render cost ranks {strata}"
+    ratio = lambda sums: float(np.median([s.max() / s.mean() for s in sums]))  # noqa: E731
+    got = ratio([step_sums(x, costs, W) for x in balanced])
+    assert got < floor_ratio(b, costs) + 0.03 and got < ratio(seeded) - 0.1, (got, floor_ratio(b, costs), ratio(seeded))
+
+
+def test_balanced_groups_have_near_equal_sums_with_several_cameras_per_rank():
+    n, W, k = 88, 4, 4
+    costs = camera_costs(n, seed=2)
+    b = CameraBatcher(n, W, k, seed=3)
+    b.set_costs(1, costs)
+    for x in epoch_batches(b, 1):
+        sums = step_sums(x, costs, W)
+        assert sums.max() / sums.mean() < floor_ratio(b, costs) + 0.03, sums
+    # per rank, the epoch's steps cost nearly the same (groups dealt lightest-first), not a sorted ramp
+    per_rank = np.array([step_sums(x, costs, W) for x in epoch_batches(b, 1)])  # [S, W]
+    assert (per_rank.max(0) / per_rank.min(0)).max() < 1.25
+
+
+def test_balanced_sequence_is_identical_on_every_rank_and_a_function_of_seed_and_costs():
+    n, W, k = 40, 4, 2
+    costs = camera_costs(n, seed=4)
+    ranks = [CameraBatcher(n, W, k, seed=7) for _ in range(W)]
+    for b in ranks:
+        b.set_costs(1, costs)
+    runs = [[x.cameras for e in (1, 2) for x in epoch_batches(b, e)] for b in ranks]
+    assert all(torch.equal(a, c) for other in runs[1:] for a, c in zip(runs[0], other))
+    other_seed = CameraBatcher(n, W, k, seed=8)
+    other_seed.set_costs(1, costs)
+    assert any(not torch.equal(a, x.cameras) for a, x in zip(runs[0], epoch_batches(other_seed, 1)))
+    other_costs = CameraBatcher(n, W, k, seed=7)
+    other_costs.set_costs(1, costs[::-1].copy())
+    assert any(not torch.equal(a, x.cameras) for a, x in zip(runs[0], epoch_batches(other_costs, 1)))
+    # epochs before the first agreed costs keep the seeded order; each later one reshuffles its steps
+    plain = CameraBatcher(n, W, k, seed=7)
+    assert all(torch.equal(x.cameras, y.cameras) for x, y in zip(epoch_batches(plain, 0), epoch_batches(ranks[0], 0)))
+    assert [x.cameras.tolist() for x in epoch_batches(ranks[0], 1)] != [x.cameras.tolist() for x in epoch_batches(ranks[0], 2)]
+
+
+def test_unknown_costs_are_the_mean_of_the_known_and_none_known_keeps_the_seeded_order():
+    n, W = 20, 2
+    costs = camera_costs(n, seed=5)
+    part = costs.copy()
+    part[[3, 7]] = np.nan
+    filled = costs.copy()
+    filled[[3, 7]] = np.nanmean(part)
+    a, b = CameraBatcher(n, W, 1, seed=1), CameraBatcher(n, W, 1, seed=1)
+    a.set_costs(1, part)
+    b.set_costs(1, filled)
+    assert all(torch.equal(x.cameras, y.cameras) for x, y in zip(epoch_batches(a, 1), epoch_batches(b, 1)))
+    c = CameraBatcher(n, W, 1, seed=1)
+    c.set_costs(1, np.full(n, np.nan))
+    assert c.costs == {} and torch.equal(c.batch(1, 0).cameras, CameraBatcher(n, W, 1, seed=1).batch(1, 0).cameras)
+
+
+def test_costs_cannot_change_an_epoch_already_drawn_and_old_entries_are_dropped():
+    b = CameraBatcher(30, 3, 1, seed=2)
+    b.batch(1, 0)  # the image loader drew ahead into epoch 1
+    with pytest.raises(ValueError, match="already drawn"):
+        b.set_costs(1, camera_costs(30))
+    b.set_costs(2, camera_costs(30, 1))
+    b.set_costs(3, camera_costs(30, 2))
+    b.set_costs(4, camera_costs(30, 3), keep_from=3)
+    assert sorted(b.costs) == [3, 4], "epoch 2's costs order no epoch from 3 on"
+    assert b.costs_for(5) is b.costs[4] and b.costs_for(3) is b.costs[3] and b.costs_for(1) is None
+    with pytest.raises(ValueError, match="30 costs"):
+        b.set_costs(5, camera_costs(29))
+    with pytest.raises(ValueError, match=">= 0"):
+        b.set_costs(5, -camera_costs(30))
+
+
+def test_balanced_mid_epoch_resume_replays_the_sequence_on_the_same_layout():
+    n, W, k = 31, 3, 2
+    ref = CameraBatcher(n, W, k, seed=11)
+    ref.set_costs(1, camera_costs(n, 6))
+    expected = take(ref, 25)
+    b = CameraBatcher(n, W, k, seed=11)
+    b.set_costs(1, camera_costs(n, 6))
+    take(b, 9)  # mid-epoch 1 (6 steps per epoch)
+    state = b.state_dict()
+    assert isinstance(state["costs"]["1"], str), "compact in the checkpoint's JSON"
+    fresh = CameraBatcher(n, W, k, seed=11)
+    fresh.load_state_dict(state)
+    rest = take(fresh, 16)
+    for got, want in zip(rest, expected[9:]):
+        assert torch.equal(got.cameras, want.cameras) and (got.epoch, got.step) == (want.epoch, want.step)
+    # another layout: the per-camera costs order its epochs too (from the next epoch on)
+    other = CameraBatcher(n, 2, 1, seed=11)
+    other.load_state_dict(state)
+    assert np.array_equal(other.costs_for(other.epoch), camera_costs(n, 6))
+    assert set(other.own_batch(other.epoch, 0, 0)) <= set(other.own_cameras(0).tolist())
