@@ -282,6 +282,10 @@ def make_cfg(scene: str, steps: int, result_dir: str, batch: int):
     cfg.eval_steps, cfg.save_steps, cfg.save_ply, cfg.disable_viewer = [], [], False, True
     cfg.num_workers, cfg.cache = 1, "decoded"  # prewarm() fills it before anything is timed
     cfg.sh_degree_interval = 1  # SH degree 3 from step 3 on: the steady-state payload
+    # The distributed step itself (issue 28's goal): issue 33's camera-cost note (Balancer.record,
+    # 3 forward ops per step at W > 1: searchsorted, diff, index_copy_) is switched off here
+    # unless BALANCE_CAMERAS=1; with it, W = 2 adds 11 + 6 ops (measured at 8c66678).
+    cfg.balance_cameras = os.environ.get("BALANCE_CAMERAS") == "1"
     s = cfg.strategy
     s.refine_start_iter = s.refine_stop_iter = s.reset_every = 10 ** 9
     cfg.validate()

@@ -108,6 +108,7 @@ class Balancer:
         self.num_cameras = num_cameras
         # [num_cameras] this rank's projected pairs into each scene camera at its last render; -1: never
         self.table = torch.full((num_cameras if cameras else 0,), -1, dtype=torch.int64, device=device)
+        self._edges: Dict[Any, Tensor] = {}  # record()'s arange per (cameras, device, dtype)
         self._density, self._steps = 0.0, 0  # projected pairs per local Gaussian, summed over steps
 
     @property
@@ -121,8 +122,10 @@ class Balancer:
             for meta, grp in zip(metas, groups):
                 cams = grp.select(cameras)  # [C_g]
                 ids = meta["camera_ids"]  # [M] sorted: the projection emits pairs by (camera, Gaussian)
-                edges = torch.arange(len(cams) + 1, device=ids.device, dtype=ids.dtype)  # [C_g + 1]
-                self.table.index_copy_(0, cams, torch.searchsorted(ids, edges).diff().to(torch.int64))
+                key = (len(cams), ids.device, ids.dtype)
+                if key not in self._edges:  # [C_g + 1], cached: one op less per step
+                    self._edges[key] = torch.arange(len(cams) + 1, device=ids.device, dtype=ids.dtype)
+                self.table.index_copy_(0, cams, torch.searchsorted(ids, self._edges[key]).diff())  # int64
         if self.pairs and n_local > 0:
             self._density += sum(m["comm"]["pairs_projected"] for m in metas) / n_local
             self._steps += 1

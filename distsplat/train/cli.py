@@ -196,7 +196,7 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
     try:
         cfg = parse(args)
     except ValueError as e:  # a gsplat flag distsplat does not take: the same on every rank, said by rank 0
-        _fail(f"distsplat: error: {e}", 2, quiet=_rank() != 0)
+        _fail(f"distsplat: error: {e}", 2, quiet=_local_rank() != 0)
     try:
         metrics = run(cfg, extensions)
     except ValueError as e:  # bad input: one line naming the flag/file, not a traceback
@@ -220,7 +220,7 @@ def exit_bad_input(e: ValueError) -> None:
     points beside the trainer's too (examples/simple_viewer.py)."""
     agreed = getattr(e, "agreed", False)  # the same on all ranks: rank 0 says it, once
     rank = 0 if agreed else _rank()
-    _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2, quiet=agreed and _rank() != 0)
+    _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2, quiet=agreed and _local_rank() != 0)
 
 
 def _fail(line: str, code: int, quiet: bool = False) -> None:
@@ -237,6 +237,11 @@ def _fail(line: str, code: int, quiet: bool = False) -> None:
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+def _local_rank() -> int:
+    """Each node's first rank says an agreed error: one line in every node's log."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 if __name__ == "__main__":

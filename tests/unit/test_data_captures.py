@@ -332,4 +332,4 @@ def test_trainer_on_instant_ngp_capture_with_default_flags(tmp_path, caplog):
     assert any(m.startswith("step 1/3:") for m in text), text
     renders = sorted(p.name for p in (tmp_path / "out" / "renders").iterdir())
     assert renders and all(n.count(".png") == 1 and "images" not in n for n in renders), renders
-    assert "val_step0003_0000.png" in renders
+    assert "val_step0003_0000_gt-vs-render.png" in renders
