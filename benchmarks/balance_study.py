@@ -53,7 +53,8 @@ TRAIN_STEPS (800), WORK (/tmp/balance_study: the trained checkpoints and the gar
 kept), NAME (balance_study). Entries are merged into benchmarks/results/$NAME.json by (scene, W,
 batch, balanced, trained_balanced): a rerun of one configuration replaces only its entry, each
 entry keeps its own commit, date and command. REPLICAS_CHECK=1 adds `replicas_check` (see
-replicas_check()). Prints one summary line.
+replicas_check()); MERGE=a.json,b.json merges the entries of runs written elsewhere (BENCH_RESULTS:
+runs of both codes at once must not write one file). Prints one summary line.
 """
 
 from __future__ import annotations
@@ -462,6 +463,11 @@ def main() -> None:
             **({"replicas_check": old["replicas_check"]} if "replicas_check" in old else {}),
             "gpu_prediction": gpu_prediction(entries)})
 
+    for other in filter(None, os.environ.get("MERGE", "").split(",")):  # entries written elsewhere
+        done = json.loads(Path(other).read_text())
+        for e in done.get("entries", []):
+            entries[:] = [x for x in entries if key(x) != key(e)] + [e]
+        trained.update(done.get("trained", {}))
     if os.environ.get("REPLICAS_CHECK") == "1":
         old["replicas_check"] = {**replicas_check(work), "commit": git_commit(),
                                  "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
