@@ -32,8 +32,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from ..distributed import all_reduce_sum
 from ..render.api import project
 from ..render.checks import resolve_backend
 
@@ -62,10 +62,10 @@ def sample(cameras: np.ndarray) -> np.ndarray:
 @torch.no_grad()
 def visible_fraction(g: Dict[str, torch.Tensor], viewmats: torch.Tensor, Ks: torch.Tensor,
                      widths: Sequence[int], heights: Sequence[int], *,
-                     backend: str, near_plane: float, far_plane: float, world: bool) -> float:
+                     backend: str, near_plane: float, far_plane: float) -> float:
     """p: visible (Gaussian, camera) pairs over Gaussians x cameras for the cameras given
     (viewmats [C, 4, 4], Ks [C, 3, 3], sizes [C]), this rank's Gaussians `g` (activated),
-    summed over every rank when `world` (one all-reduce)."""
+    summed over every rank (one all-reduce; none at W = 1)."""
     device = g["means"].device
     backend = resolve_backend("visible_fraction", backend, device)
     pairs, rgb = 0, g["means"].new_zeros(len(g["means"]), 3)  # colours do not change what is visible
@@ -74,9 +74,8 @@ def visible_fraction(g: Dict[str, torch.Tensor], viewmats: torch.Tensor, Ks: tor
                            viewmats[c:c + 1].to(device), Ks[c:c + 1].to(device), int(widths[c]), int(heights[c]),
                            backend=backend, near_plane=near_plane, far_plane=far_plane)
         pairs += len(found)
-    counts = torch.tensor([float(pairs), float(len(g["means"]) * len(Ks))], dtype=torch.float64, device=device)
-    if world:
-        dist.all_reduce(counts)
+    counts = all_reduce_sum(torch.tensor([float(pairs), float(len(g["means"]) * len(Ks))], dtype=torch.float64,
+                                         device=device))
     return float(counts[0] / counts[1]) if counts[1] > 0 else 1.0
 
 

@@ -157,9 +157,10 @@ class Config:
     # Balanced ranks (issue 33; distsplat/train/balance.py): a step lasts as long as its slowest rank
     balance_cameras: bool = True
     """Balance the rasterization: once per epoch the ranks agree every camera's cost (its pairs at its last
-    render, counted from the projection's own output: one all-reduce per epoch, nothing per step), and in the
-    next epoch every step renders, on every rank, own cameras of the same cost stratum (each camera still once
-    per epoch; the sequence a function of the seed and the agreed costs, which checkpoints keep). The first
+    render, counted from the projection's own output: one all-reduce per epoch; per step no collective or host
+    read, 3 device ops noting the batch cameras' pairs), and in the next epoch every step renders, on every
+    rank, own cameras of the same cost stratum (each camera still once per epoch; the sequence a function of
+    the seed and the agreed costs, which checkpoints keep). The first
     epoch, with no costs known, keeps the seeded order. Off (--no-balance-cameras): the seeded order always."""
     balance_pairs: bool = True
     """Balance the projection: the initial SfM points are dealt to the ranks in a seeded shuffled order (each
@@ -269,10 +270,14 @@ class Config:
         """One line (rank 0 logs it): the global batch and the schedule in steps and images."""
         B, s = self.batch_size * world_size, self.strategy
         reset = f", opacity reset every {s.reset_every}" if isinstance(s, DefaultStrategy) else ""
+        if self.schedule_in_images:
+            how = "divided by the global batch: --schedule_in_images"
+        else:
+            how = "as given" + ("" if B == 1 else "; --schedule_in_images runs the 1-GPU schedule in images")
         return (f"global batch {B} ({world_size} rank(s) x --batch_size {self.batch_size}), {B} image(s) per step: "
                 f"{self.max_steps} steps = {self.max_steps * B} images; refine from step {s.refine_start_iter} "
                 f"to {s.refine_stop_iter} every {s.refine_every}{reset}; SH degree +1 every "
-                f"{self.sh_degree_interval} (step numbers {'divided by the global batch: --schedule_in_images' if self.schedule_in_images else 'as given' + ('' if B == 1 else '; --schedule_in_images runs the 1-GPU schedule in images')})")
+                f"{self.sh_degree_interval} (step numbers {how})")
 
     def adjust_steps(self, factor: float) -> None:
         """gsplat's steps_scaler: every schedule scaled by factor (rounded down, as gsplat)."""

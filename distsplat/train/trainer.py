@@ -266,7 +266,7 @@ class Trainer:
                 p = batch_scaling.visible_fraction(
                     activated(self.params, 0), self.viewmats[cams], self.Ks[torch.from_numpy(cams)],
                     self.widths[cams], self.heights[cams], backend=cfg.backend, near_plane=cfg.near_plane,
-                    far_plane=cfg.far_plane, world=ctx.world_size > 1)
+                    far_plane=cfg.far_plane)
         factor = batch_scaling.lr_factor(rule, B, p)
         batch_scaling.scale_learning_rates(self.optimizers, B, factor)
         self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]

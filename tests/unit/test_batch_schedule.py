@@ -120,7 +120,7 @@ def test_visible_fraction_counts_the_pairs_cameras_see():
     flip = torch.diag(torch.tensor([-1.0, 1.0, -1.0, 1.0]))  # a camera turned around the y axis
     fraction = lambda V: batch_scaling.visible_fraction(  # noqa: E731
         g, V, K.expand(len(V), 3, 3), [64] * len(V), [48] * len(V), backend="torch", near_plane=0.01,
-        far_plane=1e10, world=False)
+        far_plane=1e10)
     assert fraction(torch.eye(4)[None]) == 0.5
     assert fraction(torch.stack([torch.eye(4), flip])) == 0.5
     assert fraction(torch.stack([torch.eye(4), torch.eye(4)])) == 0.5
