@@ -234,7 +234,10 @@ class ImageCache:
         bad = self.own[(self.own < 0) | (self.own >= len(specs))]
         if len(bad):
             raise ValueError(f"own_cameras {bad[:5].tolist()} are not camera indices (0..{len(specs) - 1})")
-        nbytes = np.array([self.specs[c].nbytes for c in self.own.tolist()], dtype=np.int64)  # [C_own]
+        if hasattr(self.specs, "nbytes_of"):  # Scene.specs(): from the size arrays, no spec per camera
+            nbytes = np.asarray(self.specs.nbytes_of(self.own), dtype=np.int64)  # [C_own]
+        else:
+            nbytes = np.array([self.specs[c].nbytes for c in self.own.tolist()], dtype=np.int64)  # [C_own]
         self._offsets = np.concatenate([[0], np.cumsum(nbytes)])  # [C_own + 1]
         self.decoded_bytes = int(self._offsets[-1])
         enc = np.array([source.encoded_size(c) for c in self.own.tolist()], dtype=np.int64)  # [C_own]

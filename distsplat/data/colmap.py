@@ -86,7 +86,10 @@ def load_colmap(
     images_file = next((model_dir / f for f in ("images.bin", "images.txt") if (model_dir / f).exists()), model_dir)
     base_K = {cid: intrinsics(cam, cam_file) for cid, cam in cameras.items()}
 
-    order = np.argsort(table.names, kind="stable")  # gsplat sorts by name (UTF-8 bytes order = str order)
+    # gsplat sorts by name (UTF-8 bytes order = str order); a model written in name order (most
+    # are) is not sorted again (a stable sort of a million names takes seconds)
+    in_order = table.names.dtype.kind == "S" and bool((table.names[1:] >= table.names[:-1]).all())
+    order = np.arange(len(table.names)) if in_order else np.argsort(table.names, kind="stable")
     raw = table.names[order]
     names = NameList(raw) if raw.dtype.kind == "S" else [b.decode("utf-8") for b in raw]  # [C]
     qvecs, tvecs = table.qvecs[order], table.tvecs[order]  # [C, 4], [C, 3]
@@ -217,10 +220,32 @@ def _folder_source(folder: str, names: Sequence[str]) -> FolderSource:
     PNGs for JPEG originals): paths joined on access, only the renamed ones stored."""
     listings: Dict[str, list] = {}
     renamed: Dict[int, str] = {}
-    for i, name in enumerate(names):
-        match = _match_name(folder, name, listings)
-        if match != name:
-            renamed[i] = match
+    if not isinstance(names, NameList):
+        for i, name in enumerate(names):
+            match = _match_name(folder, name, listings)
+            if match != name:
+                renamed[i] = match
+        return FolderSource(JoinedPaths(folder, names, renamed), names)
+    # A million names: each folder listed once and its names looked up in numpy; only the
+    # names its listing lacks (PNGs for JPEGs, or images another node holds) go by name
+    parts = np.char.rpartition(names.raw, b"/")  # [C, 3] parent, "/", base
+    parents, bases = parts[:, 0], parts[:, 2]
+    cuts = np.flatnonzero(parents[1:] != parents[:-1]) + 1  # runs of one folder (sorted names: one run each)
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(bases)]):
+        try:
+            entries = os.listdir(os.path.join(folder, parents[a].decode("utf-8")))
+        except OSError:
+            entries = []
+        if entries:  # a binary search of the sorted listing (np.isin sorts both sides each time)
+            listed = np.sort(np.array([e.encode("utf-8", "surrogateescape") for e in entries], dtype=bytes))
+            at = np.minimum(np.searchsorted(listed, bases[a:b]), len(listed) - 1)
+            absent = a + np.flatnonzero(listed[at] != bases[a:b])
+        else:
+            absent = np.arange(a, b)
+        for i in absent.tolist():
+            match = _match_name(folder, names[i], listings)
+            if match != names[i]:
+                renamed[i] = match
     return FolderSource(JoinedPaths(folder, names, renamed), names)
 
 

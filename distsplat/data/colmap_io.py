@@ -559,8 +559,11 @@ def _read_model(folder: Path, table: bool) -> Model:
                 if not p.exists():
                     raise DataError(f"{p} is missing (COLMAP model in {folder} is incomplete)")
             cameras = readers[0](paths[0])
-            if table:
-                images = read_images_bin_table(paths[1]) if ext == ".bin" else ImageTable.of(readers[1](paths[1]))
+            if table:  # from the binary copy beside the model when it is current (model_cache.py)
+                from .model_cache import read_table
+
+                parse = read_images_bin_table if ext == ".bin" else (lambda p: ImageTable.of(read_images_txt(p)))
+                images = read_table(paths[1], parse)
             else:
                 images = readers[1](paths[1])
             points = readers[2](paths[2]) if paths[2].exists() else Points(

@@ -125,6 +125,11 @@ class _LazySpecs(Sequence):
     def __len__(self) -> int:
         return self._scene.num_cameras
 
+    def nbytes_of(self, indices: np.ndarray) -> np.ndarray:
+        """[N] int64 decoded bytes (H x W x 3) of the cameras `indices`, without N specs."""
+        s = self._scene
+        return s.widths[indices].astype(np.int64) * s.heights[indices] * 3
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self._scene.spec(j) for j in range(*i.indices(len(self)))]

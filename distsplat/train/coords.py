@@ -16,9 +16,12 @@ chunks, each rank its own)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import threading
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -52,33 +55,82 @@ def cameras_json(scene: Scene, indices: Sequence[int], camtoworlds: np.ndarray) 
     """The 3DGS cameras.json entries of `indices`; camtoworlds [C_all, 4, 4] in the world
     the entries are written in. img_name: the image file's stem, as 3DGS writes it (no folder,
     no extension: `images/sub/0001.jpg` is `0001`)."""
-    out = []
-    for i, c in enumerate(indices):
-        c2w, K = camtoworlds[c], scene.Ks[c]
-        out.append({
-            "id": i,
-            "img_name": Path(scene.names[c]).stem,
-            "width": int(scene.widths[c]),
-            "height": int(scene.heights[c]),
-            "position": c2w[:3, 3].tolist(),
-            "rotation": c2w[:3, :3].tolist(),
-            "fy": float(K[1, 1]),
-            "fx": float(K[0, 0]),
-        })
-    return out
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)  # [N]
+    c2w = np.asarray(camtoworlds)[idx]  # [N, 4, 4]: gathered once, lists made in C (tolist)
+    Ks = np.asarray(scene.Ks)[idx]  # [N, 3, 3]
+    cols = (np.asarray(scene.widths)[idx].tolist(), np.asarray(scene.heights)[idx].tolist(),
+            c2w[:, :3, 3].tolist(), c2w[:, :3, :3].tolist(), Ks[:, 1, 1].tolist(), Ks[:, 0, 0].tolist())
+    names = scene.names
+    return [{"id": i, "img_name": os.path.splitext(os.path.basename(names[c]))[0], "width": int(w), "height": int(h),
+             "position": p, "rotation": r, "fy": float(fy), "fx": float(fx)}
+            for i, (c, w, h, p, r, fy, fx) in enumerate(zip(idx.tolist(), *cols))]
+
+
+CHUNK = 4096  # cameras encoded at once: a few ms of the GIL when written beside training
+
+
+def _write_cameras(path: Path, scene: Scene, order: np.ndarray, c2w: np.ndarray) -> None:
+    """cameras.json, one camera a line (3DGS writes it unindented), encoded chunk by chunk
+    (bounded temporaries at a million cameras) into a temporary file renamed at the end:
+    readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write("[")
+        for a in range(0, len(order), CHUNK):
+            entries = cameras_json(scene, order[a:a + CHUNK], c2w)
+            for e in entries:
+                e["id"] += a
+            f.write(("\n" if a == 0 else ",\n") + ",\n".join(json.dumps(e) for e in entries))
+        f.write("\n]\n")
+    os.replace(tmp, path)
+
+
+def _frame_parts(scene: Scene, ply_frame: str) -> Tuple[Dict[str, Any], np.ndarray, np.ndarray]:
+    """(transform.json's dict, the camera order of cameras.json: train then test, the
+    camera-to-world matrices [C_all, 4, 4] in the PLY's world)."""
+    info = frame_info(scene.transform, ply_frame)
+    c2w = np.asarray(scene.camtoworlds, dtype=np.float64)  # [C_all, 4, 4]
+    if ply_frame == CAPTURE:
+        c2w = transform_cameras(np.asarray(info["capture_from_normalized"]), c2w)
+    order = np.concatenate([np.asarray(scene.train, dtype=np.int64), np.asarray(scene.test, dtype=np.int64)])
+    return info, order, c2w
 
 
 def write_frame_files(result_dir: Path, scene: Scene, ply_frame: str) -> Dict[str, Any]:
     """Rank 0: R/cameras.json (train cameras first, then test) and R/transform.json, in the
     world of the PLY (`ply_frame`); returns transform.json's dict."""
-    info = frame_info(scene.transform, ply_frame)
-    c2w = np.asarray(scene.camtoworlds, dtype=np.float64)  # [C_all, 4, 4]
-    if ply_frame == CAPTURE:
-        c2w = transform_cameras(np.asarray(info["capture_from_normalized"]), c2w)
-    order = [int(c) for c in scene.train] + [int(c) for c in scene.test]
-    write_json(result_dir / "cameras.json", cameras_json(scene, order, c2w))  # type: ignore[arg-type]
+    info, order, c2w = _frame_parts(scene, ply_frame)
+    result_dir.mkdir(parents=True, exist_ok=True)
+    _write_cameras(result_dir / "cameras.json", scene, order, c2w)
     write_json(result_dir / "transform.json", info)
     return info
+
+
+class FrameFiles(threading.Thread):
+    """write_frame_files with cameras.json written beside the first steps: transform.json at
+    once, cameras.json by this thread (a million cameras take rank 0 ~15 s of CPU: training
+    does not wait for them). `wait()` joins and raises what the writing raised."""
+
+    def __init__(self, result_dir: Path, scene: Scene, ply_frame: str):
+        super().__init__(name="cameras.json", daemon=False)
+        self.info, order, c2w = _frame_parts(scene, ply_frame)
+        result_dir.mkdir(parents=True, exist_ok=True)
+        write_json(result_dir / "transform.json", self.info)
+        self._args = (result_dir / "cameras.json", scene, order, c2w)
+        self.error: Optional[BaseException] = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            _write_cameras(*self._args)
+        except BaseException as e:  # noqa: BLE001 (re-raised by wait, on the training thread)
+            self.error = e
+
+    def wait(self) -> None:
+        self.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
 
 
 # ---------------------------------------------------------------- Gaussians to the capture world

@@ -74,8 +74,11 @@ def check_own_images(scene: Scene, own: Sequence[int], where: str) -> None:
                             f"{source.index_path} does not hold {listed([repr(scene.names[i]) for i in absent[:LISTED]], len(absent))}. "
                             f"{stage}; with shards, pass --data_shards the index stage_nodes.py --shards wrote")
     if isinstance(source, (FolderSource, TarShardSource)):
-        files = files_of(scene, own)
-        missing = [p for p in files if not os.path.isfile(p)]
+        if isinstance(source, FolderSource):  # a listing per folder, not a stat per image
+            files, missing = own, [source.paths[i] for i in source.missing(own)]
+        else:
+            files = files_of(scene, own)
+            missing = [p for p in files if not os.path.isfile(p)]
         if missing:
             what = "image files" if isinstance(source, FolderSource) else "tar shards"
             raise DataError(f"{where} lacks {len(missing)} of the {len(files)} {what} its ranks own: "

@@ -56,7 +56,7 @@ from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
-from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_frame_files
+from .coords import CAPTURE, NORMALIZED, FrameFiles, frame_info, to_capture
 from .faults import DivergenceGuard, SaveGuard
 from .balance import Balancer, WorkMeter, interleave, pair_bounds
 from ..data.heap import TRIM_FROM, trim_heap
@@ -81,6 +81,7 @@ class Trainer:
         self.loader: Optional[ImageLoader] = None
         self.cache: Optional[ImageCache] = None
         self.tb: Optional[TensorBoard] = None
+        self.frame_files: Optional[FrameFiles] = None  # rank 0: cameras.json's writer
         self.metrics: Dict[str, Any] = {}
         # Called as hook(trainer, step) on EVERY rank after each step (e.g. the viewer). Hooks
         # that need collectives must call them on every rank in the same order; with no hook
@@ -356,6 +357,8 @@ class Trainer:
             progress.close()
         self.saves.report_end(self.metrics)  # which saves a full disk skipped
         self.where = "after training"
+        if self.frame_files is not None:
+            self.frame_files.wait()  # cameras.json, written beside the steps
         for hook in self.end_hooks:
             hook(self)
         return self.metrics
@@ -368,7 +371,7 @@ class Trainer:
             name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
             write_yaml(self.result_dir / name, self.cfg.to_dict())  # the resolved config, as gsplat's cfg.yml
             if not (self.cfg.eval_only or self.cfg.render_only):  # the world of this run's PLYs (coords.py)
-                write_frame_files(self.result_dir, self.scene, self.cfg.ply_frame)
+                self.frame_files = FrameFiles(self.result_dir, self.scene, self.cfg.ply_frame)  # beside the steps
 
     def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
@@ -720,6 +723,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:
+        if self.frame_files is not None and self.frame_files.is_alive():
+            self.frame_files.join()  # a failed run still leaves a whole cameras.json (or none)
         if self.loader is not None:
             self.loader.close()
         if self.cache is not None:

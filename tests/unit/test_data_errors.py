@@ -207,3 +207,52 @@ def test_shard_index_missing_name_and_malformed(dataset, tmp_path):
 def test_missing_transforms(tmp_path):
     with pytest.raises(DataError, match="transforms_train.json does not exist"):
         load_blender(tmp_path)
+
+
+def test_fast_header_sizes_are_pillows(tmp_path):
+    """decode.fast_size (the up-front check's header reader) gives Pillow's size for the
+    JPEGs and PNGs cameras and tools write (baseline, progressive, grayscale, RGBA, EXIF and
+    ICC blocks before the frame, restart markers), and None (Pillow decides) for what it does
+    not know; probe_images agrees with Pillow on every one."""
+    import io
+
+    from PIL import Image
+
+    from distsplat.data.decode import FIRST_HEADER_BYTES, _read_header, fast_size, probe_images
+    from distsplat.data.sources import FolderSource
+
+    rng = np.random.default_rng(0)
+    files = []
+    for k, (w, h) in enumerate([(1, 1), (64, 48), (301, 17), (4000, 3), (257, 1025)]):
+        rgb = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        variants = {
+            "baseline.jpg": dict(format="JPEG", quality=90),
+            "progressive.jpg": dict(format="JPEG", progressive=True),
+            "restart.jpg": dict(format="JPEG", restart_marker_blocks=1),
+            "exif.jpg": dict(format="JPEG", exif=Image.Exif() if k % 2 else b"Exif\0\0" + bytes(3000)),
+            "icc.jpg": dict(format="JPEG", icc_profile=bytes(rng.integers(0, 256, 20000, dtype=np.uint8))),
+            "rgb.png": dict(format="PNG"),
+        }
+        for name, kw in variants.items():
+            buf = io.BytesIO()
+            rgb.save(buf, **kw)
+            files.append((f"{k}_{name}", buf.getvalue()))
+        for mode, ext in (("L", "gray.jpg"), ("RGBA", "rgba.png"), ("L", "gray.png")):
+            buf = io.BytesIO()
+            rgb.convert(mode).save(buf, format="JPEG" if ext.endswith("jpg") else "PNG")
+            files.append((f"{k}_{ext}", buf.getvalue()))
+    for name, data in files:
+        (tmp_path / name).write_bytes(data)
+        with Image.open(io.BytesIO(data)) as im:
+            want = im.size
+        got = fast_size(data[:FIRST_HEADER_BYTES])
+        assert got in (want, None), name
+        assert got is not None or "icc" in name, name  # only a header past the first bytes is left to Pillow
+        assert _read_header(data)[0] == want, name
+    source = FolderSource([tmp_path / n for n, _ in files])
+    sizes = probe_images(source, range(len(files)))
+    for (name, data), size in zip(files, sizes):
+        with Image.open(io.BytesIO(data)) as im:
+            assert size == im.size, name
+    assert fast_size(b"GIF89a" + bytes(20)) is None and fast_size(b"\xff\xd8\xff\xda" + bytes(20)) is None
+    assert fast_size(b"\xff\xd8") is None and fast_size(b"\x89PNG\r\n\x1a\n" + bytes(8)) is None
