@@ -10,6 +10,15 @@ tiles its bounding box touches, so cost grows with Gaussian-pixel overlaps, not 
 Tiles are grouped by how many pairs they hold and each group is padded into a dense
 [T, L, P] block (T tiles, L pairs per tile in depth order, P pixels per tile) where the
 compositing is a cumprod along L and a bmm; gradients come from autograd.
+
+Memory: autograd keeps ~51 bytes per element of a [T, L, P] block until backward (dx, dy,
+sigma, alpha, the transmittances, masks), ~82 at a block's backward. A rasterize_pairs call
+whose blocks would hold more than WORKING_BYTES in all runs each *unit* (a block, or one
+depth chunk of it) under activation checkpointing: the forward keeps only the unit's inputs
+(its [T, L] pair ids, views of the pair tensors), and backward recomputes one unit at a time,
+so the compositing's working memory stays under WORKING_BYTES whatever N and the image size
+(issue 34; ~1/3 more compute for the recomputed forward). Images and gradients are those of
+the plain path: the same autograd graph, only its saved tensors recomputed.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from .absgrad import PixelTap
 from .pairs import Pairs
@@ -28,8 +38,14 @@ ALPHA_THRESHOLD = 1.0 / 255.0  # gsplat's ALPHA_THRESHOLD
 ALPHA_MAX = 0.999
 TRANSMITTANCE_MIN = 1e-4
 EXTEND_MAX = 3.33  # sigma extent of the bounding box, as gsplat
-# Elements of one [T, L, P] compositing block: bounds peak memory per block.
+# Elements of one [T, L, P] compositing block (fewer when WORKING_BYTES asks for it).
 BLOCK_ELEMENTS = 1 << 22
+# Working memory per element of a block through its forward and backward: 82 bytes measured
+# (tests/unit/test_render.py), with room for the unit's gathered pairs.
+BYTES_PER_ELEMENT = 88
+# What the compositing of one rasterize_pairs call may hold at once with autograd on (the
+# module docstring): the renderer's per-step working memory that the memory guard counts.
+WORKING_BYTES = 256 << 20
 # Smaller tiles than gsplat's 16: a pair costs (tiles it touches) x (pixels per tile) here,
 # and 8x8 tiles cut that ~3x for the few-pixel Gaussians of real scenes. Images do not
 # depend on the tile size: a pair's box covers every pixel where its alpha >= 1/255.
@@ -212,9 +228,16 @@ def _tile_intersections(
     return tile_ids[order], pair_ids[order]
 
 
-def _tile_groups(counts: List[int], pixels: int) -> List[Tuple[int, int, int]]:
+def unit_elements() -> int:
+    """Most elements of one block: BLOCK_ELEMENTS, or fewer so that a unit fits WORKING_BYTES."""
+    return max(1, min(BLOCK_ELEMENTS, WORKING_BYTES // BYTES_PER_ELEMENT))
+
+
+def _tile_groups(counts: List[int], pixels: int, max_elements: int) -> List[Tuple[int, int, int]]:
     """Split tiles (sorted by decreasing pair count) into (begin, end, L) groups padded to
-    L pairs each, keeping padding under ~1/3 and each block under BLOCK_ELEMENTS."""
+    L pairs each, keeping padding under ~1/3 and each block's T x L x pixels under
+    max_elements (a block of one tile may pass it: _composite_block then works through it in
+    depth chunks of DEPTH_CHUNK x pixels elements)."""
     groups, begin = [], 0
     while begin < len(counts):
         L = counts[begin]
@@ -222,7 +245,7 @@ def _tile_groups(counts: List[int], pixels: int) -> List[Tuple[int, int, int]]:
         while (
             end < len(counts)
             and 3 * counts[end] >= 2 * L
-            and (end + 1 - begin) * L * pixels <= BLOCK_ELEMENTS
+            and (end + 1 - begin) * L * pixels <= max_elements
         ):
             end += 1
         groups.append((begin, end, L))
@@ -269,26 +292,51 @@ def _composite_chunk(
     return torch.bmm(weights.transpose(1, 2), colors), weights.sum(dim=1), trans_out
 
 
+def _composite_pairs(
+    px: Tensor,  # [T, 1, P]
+    py: Tensor,  # [T, 1, P]
+    idx: Tensor,  # [T, L] rows of the padded pair tensors
+    trans_in: Optional[Tensor],  # [T, P] or None
+    means2d: Tensor,  # [M + 1, 2]
+    conics: Tensor,  # [M + 1, 3]
+    opacities: Tensor,  # [M + 1]
+    colors: Tensor,  # [M + 1, D]
+    sink: Optional[Tensor],  # [M + 1, 2] or None
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """One unit: _composite_chunk of the pairs idx. The gathers are inside, so a recomputed
+    unit keeps only idx and views of the pair tensors between forward and backward."""
+    return _composite_chunk(px, py, means2d[idx], conics[idx], opacities[idx], colors[idx], trans_in,
+                            None if sink is None else sink[idx])
+
+
+def _recomputed_pairs(*args) -> Tuple[Tensor, Tensor, Tensor]:
+    """_composite_pairs whose intermediates backward recomputes instead of keeping."""
+    return checkpoint(_composite_pairs, *args, use_reentrant=False, preserve_rng_state=False)
+
+
 def _composite_block(
-    px: Tensor, py: Tensor, means2d: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor,
-    sink: Optional[Tensor] = None,
+    px: Tensor,  # [T, 1, P]
+    py: Tensor,  # [T, 1, P]
+    idx: Tensor,  # [T, L]
+    pad: Tuple[Optional[Tensor], ...],  # means2d, conics, opacities, colors, sink: [M + 1, ...]
+    recompute: bool,
 ) -> Tuple[Tensor, Tensor]:
-    """_composite_chunk over L in DEPTH_CHUNK steps, dropping the tiles whose pixels have
-    all stopped: behind opaque surfaces most of a long depth list is never evaluated
-    (gsplat's kernel stops per pixel the same way). Returns colors [T, P, D], alphas [T, P]."""
-    T, L = opacities.shape
+    """The pairs idx [T, L] composited over L in DEPTH_CHUNK steps, dropping the tiles whose
+    pixels have all stopped: behind opaque surfaces most of a long depth list is never
+    evaluated (gsplat's kernel stops per pixel the same way). Each step is one unit, with
+    `recompute` checkpointed. Returns colors [T, P, D], alphas [T, P]."""
+    run = _recomputed_pairs if recompute else _composite_pairs
+    T, L = idx.shape
     if L <= DEPTH_CHUNK:
-        c, a, _ = _composite_chunk(px, py, means2d, conics, opacities, colors, sink=sink)
+        c, a, _ = run(px, py, idx, None, *pad)
         return c, a
+    colors = pad[3]
     out = colors.new_zeros(T, px.shape[-1], colors.shape[-1])
-    acc = opacities.new_zeros(T, px.shape[-1])
-    trans = opacities.new_ones(T, px.shape[-1])
-    live = torch.arange(T, device=opacities.device)  # tiles with a pixel still open
+    acc = colors.new_zeros(T, px.shape[-1])
+    trans = colors.new_ones(T, px.shape[-1])
+    live = torch.arange(T, device=idx.device)  # tiles with a pixel still open
     for lo in range(0, L, DEPTH_CHUNK):
-        sl = slice(lo, lo + DEPTH_CHUNK)
-        c, a, t = _composite_chunk(px[live], py[live], means2d[live, sl], conics[live, sl],
-                                   opacities[live, sl], colors[live, sl], trans[live],
-                                   None if sink is None else sink[live, sl])
+        c, a, t = run(px[live], py[live], idx[live, lo:lo + DEPTH_CHUNK], trans[live], *pad)
         out, acc = out.index_add(0, live, c), acc.index_add(0, live, a)
         trans = trans.index_copy(0, live, t)
         with torch.no_grad():
@@ -296,6 +344,15 @@ def _composite_block(
         if len(live) == 0:
             break
     return out, acc
+
+
+def _past_budget(groups: List[Tuple[int, int, int]], pixels: int, pad: Tuple[Optional[Tensor], ...]) -> bool:
+    """Whether autograd would keep more than WORKING_BYTES of this call's blocks: then each
+    unit is recomputed in backward (an upper bound: early-stopped tiles hold less)."""
+    if not (torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in pad)):
+        return False
+    elements = sum((end - begin) * L for begin, end, L in groups) * pixels
+    return elements * BYTES_PER_ELEMENT > WORKING_BYTES
 
 
 def rasterize_pairs(
@@ -333,8 +390,11 @@ def rasterize_pairs(
     pix_x = (local % tile_size).to(ref.dtype) + 0.5  # [P]
     pix_y = (local // tile_size).to(ref.dtype) + 0.5
 
+    pad = (means2d, conics, opacities, colors, sink)
+    groups = _tile_groups(tile_counts.tolist(), P, unit_elements())
+    recompute = _past_budget(groups, P, pad)
     out_colors, out_alphas = [], []
-    for begin, end, L in _tile_groups(tile_counts.tolist(), P):
+    for begin, end, L in groups:
         t = tiles[begin:end]  # [T]
         slot = torch.arange(L, device=ref.device)
         idx = starts[begin:end, None] + slot  # [T, L] position in the sorted list
@@ -343,10 +403,7 @@ def rasterize_pairs(
         tx = (t % tiles_x).to(ref.dtype) * tile_size
         ty = ((t // tiles_x) % tiles_y).to(ref.dtype) * tile_size
         c, a = _composite_block(
-            (tx[:, None] + pix_x)[:, None, :],
-            (ty[:, None] + pix_y)[:, None, :],
-            means2d[idx], conics[idx], opacities[idx], colors[idx],
-            None if sink is None else sink[idx],
+            (tx[:, None] + pix_x)[:, None, :], (ty[:, None] + pix_y)[:, None, :], idx, pad, recompute,
         )
         out_colors.append(c)
         out_alphas.append(a)

@@ -28,6 +28,12 @@ on top of what the rank uses now: CUDA `torch.cuda.memory_reserved` (the caching
 allocator's pool, which keeps the last steps' peak), CPU the process's resident set
 (/proc/self/statm). The limit defaults to the device's total memory (CUDA) or
 min(MemTotal, cgroup limit) / LOCAL_WORLD_SIZE (CPU).
+
+On CPU the resident set is read between steps, after the step's transient memory is freed,
+so the guard adds the renderer's bounded working memory (`working`, render_working_bytes):
+the torch backend's compositing holds at most torch_backend.WORKING_BYTES per render call
+(issue 34), and a step makes one call per image size in its batch. Every decision and
+warning (allow, fits, check_setup) counts it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from torch import Tensor
 
 from ..data.cache import local_world_size, mem_total
 from ..distributed import staging
+from ..render import torch_backend
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +100,15 @@ def default_limit(device: torch.device) -> Tuple[int, str]:
     return int(mem_total() / ranks), f"min(MemTotal, cgroup limit) / {ranks} local rank(s)"
 
 
+def render_working_bytes(backend: str, device: torch.device, calls: int) -> int:
+    """Bytes a step's renders hold at their peak that a reading between steps does not see:
+    the torch backend's compositing budget per call on CPU (RSS). 0 on CUDA, whose reserved
+    pool keeps the step's peak (and for gsplat, whose kernels' memory that pool holds)."""
+    if device.type == "cuda" or backend == "gsplat":
+        return 0
+    return torch_backend.WORKING_BYTES * max(1, calls)
+
+
 def fmt_bytes(n: float) -> str:
     """GiB from 1 GiB up, MiB below (small growths stay readable)."""
     return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / 2**20:.1f} MiB"
@@ -134,12 +150,15 @@ class MemoryGuard:
     """Decides, at each refine step, whether this rank may grow its Gaussians.
 
     `measure` (a callable returning bytes in use) and `limit` are plain attributes, so tests
-    replace them to make the decision deterministic. `blocked` is the latest decision."""
+    replace them to make the decision deterministic. `blocked` is the latest decision.
+    `working`: bytes the step's renders add at their peak beyond `measure` (render_working_bytes)."""
 
     def __init__(self, limit: int, fraction: float, rank: int, *, accumulators: int = 0,
                  advice: str = "", measure: Optional[Callable[[], int]] = None,
-                 device: Optional[torch.device] = None, limit_source: str = "--memory_limit_gb"):
+                 device: Optional[torch.device] = None, limit_source: str = "--memory_limit_gb",
+                 working: int = 0):
         self.limit, self.fraction, self.rank = int(limit), float(fraction), rank
+        self.working = int(working)
         self.accumulators, self.advice, self.limit_source = accumulators, advice, limit_source
         dev = device if device is not None else torch.device("cpu")
         self.measure: Callable[[], int] = measure or (lambda: usage_bytes(dev))
@@ -159,14 +178,14 @@ class MemoryGuard:
 
     def fits(self, params: Dict[str, Tensor], n_new: int) -> bool:
         """Whether n_new more Gaussians fit now (no logging, no state change)."""
-        return self.measure() + self.estimate(params, n_new) <= self.allowed_bytes
+        return self.measure() + self.working + self.estimate(params, n_new) <= self.allowed_bytes
 
     def allow(self, params: Dict[str, Tensor], n_new: int) -> bool:
         """The strategies' growth_check: True to grow by n_new, False to skip this growth.
         Logs once when growth stops and once when it resumes."""
         used = self.measure()
         need = self.estimate(params, n_new)
-        ok = used + need <= self.allowed_bytes
+        ok = used + self.working + need <= self.allowed_bytes
         if ok == self.blocked:  # a transition
             self.blocked = not ok
             self.transitions += 1
@@ -176,7 +195,7 @@ class MemoryGuard:
     def _message(self, params: Dict[str, Tensor], used: int, need: int, n_new: int, stopped: bool) -> str:
         b, r = bytes_per_gaussian(params, self.accumulators)
         n = len(params["means"])
-        nums = (f"{fmt_bytes(used)} used + {fmt_bytes(need)} for {n_new} new Gaussians "
+        nums = (f"{fmt_bytes(used)} used{self._working_part()} + {fmt_bytes(need)} for {n_new} new Gaussians "
                 f"({b} B each + {r} B per held Gaussian while copying)")
         where = f"{self.fraction:.0%} of its {fmt_bytes(self.limit)} limit ({fmt_bytes(self.allowed_bytes)})"
         if stopped:
@@ -186,6 +205,9 @@ class MemoryGuard:
                     f"limit is {self.limit_source}), or {self.advice}")
         return (f"[rank {self.rank}] memory guard: densification grows again on this rank at {n} "
                 f"Gaussians: {nums} fit within {where}")
+
+    def _working_part(self) -> str:
+        return f" + {fmt_bytes(self.working)} the renderer's working memory per step" if self.working else ""
 
     def check_setup(self, params: Dict[str, Tensor], optimizers: Dict[str, torch.optim.Optimizer],
                     state: Dict[str, object]) -> Optional[str]:
@@ -203,11 +225,11 @@ class MemoryGuard:
                 "(--init_num_pts, a sparser point cloud) or a smaller --sh_degree")
         used = self.measure()
         pending = max(0, n * b - held_bytes(params, optimizers, state))
-        if used + pending <= self.allowed_bytes:
+        if used + self.working + pending <= self.allowed_bytes:
             return None
         msg = (f"[rank {self.rank}] memory guard: the {n} initial Gaussians need {fmt_bytes(n * b)} with "
                f"their gradients, optimizer state and activations ({b} B each); with {fmt_bytes(used)} already "
-               f"in use this rank needs ~{fmt_bytes(used + pending)}, past {self.fraction:.0%} of its "
+               f"in use{self._working_part()} this rank needs ~{fmt_bytes(used + self.working + pending)}, past {self.fraction:.0%} of its "
                f"{fmt_bytes(self.limit)} limit ({self.limit_source}): training may run out of memory, and "
                f"densification will not grow. Use more ranks, fewer initial points (--init_num_pts, a sparser "
                f"point cloud) or a smaller --sh_degree, or raise --memory_limit_gb if the device has more memory")

@@ -53,7 +53,7 @@ from .video import render_frames, write_mp4
 from .gaussians import (activated, adam_step, check_finite_params, create_optimizers, from_float_rows,
                         init_gaussians, init_kind, init_line, initial_ids, random_points, to_float_rows)
 from .losses import photometric_loss, resolve_ssim_impl
-from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes
+from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes, render_working_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
 from .coords import CAPTURE, NORMALIZED, FrameFiles, frame_info, to_capture
@@ -227,15 +227,19 @@ class Trainer:
         accumulators = 2 + (0 if mcmc else 2 + (self.strategy.refine_scale2d_stop_iter > 0))
         advice = ("lower --strategy.cap_max" if mcmc else
                   "densify less (a higher --strategy.grow_grad2d, an earlier --strategy.refine_stop_iter)")
+        # One render call per image size of a step's batch (train_step), each under the budget.
+        train = self.train_np
+        calls = min(cfg.batch_size * self.ctx.world_size, len(set(zip(self.widths[train], self.heights[train]))))
+        working = render_working_bytes(cfg.backend, self.device, calls)
         self.memory_guard = MemoryGuard(limit, cfg.memory_fraction, self.ctx.rank, accumulators=accumulators,
-                                        advice=advice, device=self.device, limit_source=source)
+                                        advice=advice, device=self.device, limit_source=source, working=working)
         self.strategy.growth_check = self.memory_guard.allow
         self._rebalance_held = False
         if self.ctx.is_main and not (cfg.eval_only or cfg.render_only):  # nothing grows without training
             b, r = bytes_per_gaussian(dict(self.params), accumulators)
             log.info("memory guard: growth stops past %.0f%% of %s per rank (%s); %d B per Gaussian "
-                     "+ %d B per held Gaussian while growing", 100 * cfg.memory_fraction, fmt_bytes(limit),
-                     source, b, r)
+                     "+ %d B per held Gaussian while growing + %s of the renderer's working memory per step",
+                     100 * cfg.memory_fraction, fmt_bytes(limit), source, b, r, fmt_bytes(working))
         self.memory_guard.check_setup(self.params, self.optimizers, self.strategy_state)
 
     # -------------------------------------------------------------- schedule

@@ -14,7 +14,8 @@ from distsplat.train import strategy_ops
 from distsplat.train.cli import parse
 from distsplat.train.config import Config, SyntheticConfig
 from distsplat.train.gaussians import activated, create_optimizers, init_gaussians
-from distsplat.train.memory import MemoryGuard, bytes_per_gaussian, held_bytes
+from distsplat.render import torch_backend
+from distsplat.train.memory import MemoryGuard, bytes_per_gaussian, held_bytes, render_working_bytes
 from distsplat.train.strategies import DefaultStrategy, MCMCStrategy
 
 MiB, GiB = 2**20, 2**30
@@ -88,6 +89,33 @@ def test_setup_check_warns_when_the_initial_gaussians_do_not_fit(caplog):
         msg = guard.check_setup(params, optimizers, {})
     assert msg is not None and msg in caplog.text
     assert "the 1000 initial Gaussians need 1.3 MiB" in msg and "1368 B each" in msg and "10.0 MiB limit" in msg
+
+
+def test_guard_counts_the_renderers_working_memory(caplog):
+    """On CPU the RSS is read between steps, when the torch backend's compositing memory is
+    freed: the guard adds its bound (WORKING_BYTES per render call of a step) to every decision
+    and names it. On CUDA the reserved pool already holds a step's peak: nothing is added."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert render_working_bytes("torch", cpu, 1) == torch_backend.WORKING_BYTES == 256 * MiB
+    assert render_working_bytes("auto", cpu, 3) == 3 * torch_backend.WORKING_BYTES
+    assert render_working_bytes("gsplat", gpu, 2) == render_working_bytes("torch", gpu, 2) == 0
+    params = _params(100)
+    b, r = bytes_per_gaussian(dict(params), 2)
+    need = 50 * b + 100 * r
+    # 512 MiB allowed: 100 MiB used + the growth fit, + 450 MiB of rendering do not.
+    plain = MemoryGuard(GiB, 0.5, rank=1, accumulators=2, measure=lambda: 100 * MiB)
+    guard = MemoryGuard(GiB, 0.5, rank=1, accumulators=2, measure=lambda: 100 * MiB, working=450 * MiB)
+    assert plain.fits(params, 50) and plain.allow(params, 50)
+    assert not guard.fits(params, 50)
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.memory"):
+        assert not guard.allow(params, 50)
+        optimizers = create_optimizers(params, global_batch=1)
+        setup = guard.check_setup(params, optimizers, {})
+    msg = caplog.records[0].getMessage()
+    assert "100.0 MiB used + 450.0 MiB the renderer's working memory per step + " in msg, msg
+    assert f"{need / MiB:.1f} MiB for 50 new Gaussians" in msg and "stops growing" in msg
+    assert plain.check_setup(params, optimizers, {}) is None  # 100 MiB + 0.1 MiB pending fit
+    assert setup is not None and "in use + 450.0 MiB the renderer's working memory per step" in setup, setup
 
 
 def _refine_state(params, strategy, grads):
@@ -188,6 +216,8 @@ def test_trainer_stops_growing_below_its_usage_and_keeps_pruning(tmp_path, caplo
     assert guard.blocked and guard.transitions == 1
     text = caplog.text
     assert "memory guard: growth stops past 90% of 10.2 MiB per rank (--memory_limit_gb 0.01)" in text
+    assert guard.working == torch_backend.WORKING_BYTES  # one image size, batch 1: one render call
+    assert "+ 256.0 MiB of the renderer's working memory per step" in text
     assert "the 400 initial Gaussians need" in text  # the setup warning
     assert text.count("densification stops growing on this rank at 400 Gaussians") == 1
 

@@ -345,3 +345,129 @@ def test_depth_chunks_give_the_same_images_and_gradients(monkeypatch):
         # 2400 u32 = 1.4e-4 of the terms' size, taken as that parameter's largest gradient.
         atol = 2400 * 2.0 ** -24 * g1[k].abs().max().item()
         torch.testing.assert_close(g2[k], g1[k], atol=atol, rtol=1e-4, msg=k)
+
+
+# ------------------------------------------------- working memory (issue 34): bounded, exact
+
+def _wide_translucent_pairs():
+    """400 large Gaussians of opacity <= 0.05 over one 64x48 image: every tile composites
+    hundreds of pairs and none stops early, ~280k (pair, pixel) elements in all (~25 MB of
+    autograd state unchunked). Pair fields are leaves, so backward ends at the pairs."""
+    from distsplat.render.absgrad import attach_sink
+
+    s = random_scene(n=400, n_cameras=1, width=64, height=48, scale=0.6, seed=3)
+    s["opacities"] = s["opacities"] * 0.05
+    with torch.no_grad():
+        pairs, _ = project(*render_args(s), backend="torch")
+    leaves = {k: getattr(pairs, k).clone().requires_grad_() for k in ("means2d", "conics", "opacities", "colors")}
+    meta = {"means2d": leaves["means2d"]}
+    sink = attach_sink(pairs, None, meta["means2d"])
+    return pairs.__class__(**{**pairs.__dict__, **leaves}), leaves, sink, meta
+
+
+def _composite_with(monkeypatch, working: int, block: int = 1 << 22):
+    """rasterize_pairs forward + backward under a WORKING_BYTES / BLOCK_ELEMENTS setting: peak
+    bytes of the tensors it made, images, gradients of the pair fields and absgrad."""
+    from distsplat.render import rasterize_pairs, torch_backend
+    from tests.unit.live_bytes import LiveBytes
+
+    monkeypatch.setattr(torch_backend, "WORKING_BYTES", working)
+    monkeypatch.setattr(torch_backend, "BLOCK_ELEMENTS", block)
+    pairs, leaves, sink, meta = _wide_translucent_pairs()
+    w = torch.rand(1, 48, 64, 3, generator=torch.Generator().manual_seed(0))
+    with LiveBytes() as live:
+        colors, alphas = rasterize_pairs(pairs, 1, 64, 48, backend="torch", absgrad_sink=sink)
+        ((colors * w).sum() + alphas.sum()).backward()
+    grads = {k: v.grad for k, v in leaves.items()}
+    grads["absgrad"] = meta["means2d"].absgrad
+    return live.peak, colors.detach(), alphas.detach(), grads, pairs
+
+
+def _outside_the_blocks(pairs) -> int:
+    """What a call holds besides its compositing units, generously: ~6 int64 arrays per
+    (pair, tile) intersection (ids, sort keys, order), ~8 copies of the padded image with its
+    alpha channel (per-block outputs, their cat, the scatter into tiles, the image and their
+    gradients) and 4 of the padded pair fields (the pairs, their gradients, per unit gathers)."""
+    from distsplat.render import torch_backend as tb
+
+    E = len(tb._tile_intersections(pairs, 1, tb.TILE_SIZE, 8, 6)[0])
+    image = 8 * 6 * tb.TILE_SIZE ** 2 * (3 + 1) * 4  # [C * TY * TX, P, D + 1] float32, 64x48
+    fields = (len(pairs) + 1) * (2 + 3 + 1 + 3 + 2) * 4
+    return 6 * 8 * E + 8 * image + 4 * fields
+
+
+def test_compositing_memory_stays_within_the_budget(monkeypatch):
+    """Past WORKING_BYTES each unit is recomputed in backward: the peak of the tensors the
+    call makes is WORKING_BYTES + what it holds outside the blocks (_outside_the_blocks),
+    whatever the number of (pair, pixel) elements; unbounded, the same call holds them all."""
+    from distsplat.render import torch_backend as tb
+
+    budget = 2 << 20
+    plain, *_ = _composite_with(monkeypatch, working=1 << 40)
+    bounded, _, _, _, pairs = _composite_with(monkeypatch, working=budget)
+    margin = _outside_the_blocks(pairs)
+    assert margin < budget / 2  # the test's configuration is about the blocks
+    assert bounded <= budget + margin, (bounded, budget, margin)
+    assert plain > 4 * (budget + margin), plain  # unbounded it holds every element's state
+    # The smallest unit (one tile, one depth chunk of 64 pairs) is the floor of any budget.
+    floor, *_ = _composite_with(monkeypatch, working=1)
+    assert floor <= tb.DEPTH_CHUNK * tb.TILE_SIZE ** 2 * tb.BYTES_PER_ELEMENT + margin, floor
+
+
+def test_bytes_per_element_bounds_a_block_forward_and_backward():
+    """BYTES_PER_ELEMENT, measured: one [T, L, P] block with L at DEPTH_CHUNK (no carry), with
+    and without the absgrad sink, through its forward and backward."""
+    from distsplat.render import torch_backend as tb
+    from tests.unit.live_bytes import LiveBytes
+
+    g = torch.Generator().manual_seed(0)
+    T, L, P, M = 32, tb.DEPTH_CHUNK, 64, 500
+    px, py = (torch.rand(T, 1, P, generator=g) * 8 for _ in range(2))
+    for with_sink in (False, True):
+        pad = [(torch.rand(M + 1, 2, generator=g) * 8).requires_grad_(),
+               torch.tensor([0.5, 0.0, 0.5]).repeat(M + 1, 1).requires_grad_(),
+               (torch.rand(M + 1, generator=g) * 0.1).requires_grad_(),
+               torch.rand(M + 1, 3, generator=g).requires_grad_(),
+               torch.zeros(M + 1, 2, requires_grad=True) if with_sink else None]
+        idx = torch.randint(0, M + 1, (T, L), generator=g)
+        with LiveBytes() as live:
+            c, a = tb._composite_block(px, py, idx, tuple(pad), recompute=False)
+            (c.sum() + a.sum()).backward()
+        assert 70 * T * L * P < live.peak <= tb.BYTES_PER_ELEMENT * T * L * P, live.peak / (T * L * P)
+
+
+def test_recomputed_units_give_the_images_and_gradients_of_autograd(monkeypatch):
+    """Recomputing the units in backward runs the same autograd graph with its saved tensors
+    made again by the same deterministic ops: images, gradients and absgrad are equal bit for
+    bit to keeping them (same units). Against the default blocks (bigger units) images are
+    equal, and gradients sum their per-unit terms in another grouping: <= 2 x 400 pairs' terms
+    per sum, 800 u32 ~ 5e-5 of the largest gradient (measured ~1e-7)."""
+    from distsplat.render import torch_backend as tb
+
+    budget = 2 << 20
+    units = budget // tb.BYTES_PER_ELEMENT
+    _, c1, a1, g1, _ = _composite_with(monkeypatch, working=budget)  # recomputed
+    _, c2, a2, g2, _ = _composite_with(monkeypatch, working=1 << 40, block=units)  # kept, same units
+    _, c3, a3, g3, _ = _composite_with(monkeypatch, working=1 << 40)  # kept, default blocks
+    assert torch.equal(c1, c2) and torch.equal(a1, a2)
+    for k in g1:
+        assert torch.equal(g1[k], g2[k]), k
+    assert torch.equal(c1, c3) and torch.equal(a1, a3)
+    for k in g1:
+        atol = 800 * 2.0 ** -24 * g3[k].abs().max().item()
+        torch.testing.assert_close(g1[k], g3[k], atol=atol, rtol=1e-5, msg=k)
+
+
+def test_tile_groups_keep_blocks_under_the_unit_size():
+    """The plan: every block of more than one tile has T x L x P <= max_elements, every tile
+    is in exactly one block, in order, and padding stays under 1/3 of a block."""
+    from distsplat.render.torch_backend import _tile_groups
+
+    g = torch.Generator().manual_seed(1)
+    counts = sorted((torch.randint(1, 3000, (500,), generator=g) ** 1).tolist(), reverse=True)
+    for max_elements in (1, 64 * 100, 64 * 5000, 1 << 22):
+        groups = _tile_groups(counts, 64, max_elements)
+        assert [b for b, _, _ in groups] == [0] + [e for _, e, _ in groups[:-1]] and groups[-1][1] == len(counts)
+        for b, e, L in groups:
+            assert L == counts[b] and (e - b == 1 or (e - b) * L * 64 <= max_elements)
+            assert 3 * sum(counts[b:e]) >= 2 * (e - b) * L  # padding <= 1/3
