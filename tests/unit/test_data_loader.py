@@ -104,3 +104,52 @@ def test_stacked_is_a_view_of_the_batch_buffer(dataset):
         st = batch.stacked()
         assert st.shape == (3, 32, 48, 3)
         assert st.data_ptr() == batch.images[0].data_ptr()  # no collate copy
+
+
+def test_ownership_is_checked_on_the_consumer_for_any_camera_index(dataset):
+    """The per-step check is a byte per scene camera: a camera of another rank, a negative
+    index and one past the scene all raise the cache's OwnershipError from next()."""
+    from distsplat.data import OwnershipError
+
+    scene = load_colmap(dataset)
+    cache = ImageCache(scene.images, scene.specs(), [2, 3], mode="none")
+    for bad in (4, -1, -14, scene.num_cameras, 10 ** 6):
+        loader = ImageLoader(cache, [[2], [3], [3, bad]], num_workers=1, prefetch=1)
+        assert next(loader).cameras == [2]
+        with pytest.raises(OwnershipError):
+            next(loader)  # asks for step 2 ahead
+        assert list(loader) == []  # closed after the error
+
+
+@pytest.mark.parametrize("mode", ["none", "decoded"])
+def test_stacked_view_equals_the_stacked_images(dataset, mode):
+    """The worker that finishes a batch builds its stacked view once; it is the images in
+    batch order, and a batch of mixed sizes has none (stacked() then refuses as before)."""
+    scene = load_colmap(dataset)
+    cache = ImageCache(scene.images, scene.specs(), range(16), mode=mode)
+    schedule = [[5, 1, 9], [0], [], [15, 14, 13, 12]]
+    with ImageLoader(cache, schedule, num_workers=3, prefetch=2) as loader:
+        for batch in loader:
+            st = batch.stacked()
+            assert st.shape == ((len(batch.cameras), 32, 48, 3) if batch.cameras else (0, 0, 0, 3))
+            for im, c, s in zip(batch.images, batch.cameras, st):
+                np.testing.assert_array_equal(s.numpy(), im.numpy())
+                np.testing.assert_array_equal(im.numpy(), pillow_decode(dataset / "images" / scene.names[c]))
+
+
+def test_a_loader_dropped_without_close_ends_its_threads(dataset):
+    import gc
+
+    scene = load_colmap(dataset)
+    before = threading.active_count()
+    loader = ImageLoader(ImageCache(scene.images, scene.specs(), range(4), mode="none"), [[0], [1], [2]],
+                         num_workers=3, prefetch=2)
+    next(loader)
+    threads = list(loader._pool._threads)
+    for p in list(loader._pending):
+        p.done.wait(10)
+    del loader, p
+    gc.collect()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads) and threading.active_count() <= before
