@@ -164,7 +164,7 @@ def rank_worker(args) -> dict:
     import torch  # noqa: F401  (the trainer's imports are in every rank's baseline)
 
     from distsplat.data import ImageCache, TarShardSource, load_colmap
-    from distsplat.train.node_data import owned_by_rank
+    from distsplat.train.node_data import check_own_images, owned_by_rank
 
     gc.collect()
     out = {"rank": rank, "rss_base_mb": rss_mb()}
@@ -183,12 +183,19 @@ def rank_worker(args) -> dict:
     gc.collect()
     out.update(ownership_s=time.perf_counter() - t, rss_after_ownership_mb=rss_mb(), own=len(own))
     t = time.perf_counter()
+    check_own_images(scene, own.tolist(), f"rank {rank}")  # the trainer's up-front check of a rank's images
+    out.update(check_s=time.perf_counter() - t)
+    t = time.perf_counter()
     cache = ImageCache(source, specs, own.tolist(), mode=cache_mode, rank=rank)
-    buf = np.empty((HEIGHT, WIDTH, 3), np.uint8)
-    for c in own.tolist():
-        cache.read_into(c, buf)
+    out.update(cache_init_s=time.perf_counter() - t)
+    if os.environ.get("FILL", "1") == "1":  # the whole share read once (training fills it as it goes)
+        t = time.perf_counter()
+        buf = np.empty((HEIGHT, WIDTH, 3), np.uint8)
+        for c in own.tolist():
+            cache.read_into(c, buf)
+        out.update(cache_fill_s=time.perf_counter() - t)
     gc.collect()
-    out.update(cache_fill_s=time.perf_counter() - t, rss_after_cache_mb=rss_mb(), cache_mode=cache.mode,
+    out.update(rss_after_cache_mb=rss_mb(), cache_mode=cache.mode,
                cache_bytes=cache.nbytes(), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return out
 
@@ -206,27 +213,64 @@ def measure_ranks(root: Path, W: int, cache_mode: str, n: int, encoded_total: in
     return {"W": W, "dataset_bytes": dataset, "ranks": ranks}
 
 
-def train_rate(root: Path, W: int, steps: int, work: Path) -> dict:
-    """steps/s of the CLI between step steps/2 and steps (past start-up), and wall time."""
+MILESTONES = {  # log lines of a start, in order: what the time to the first step is made of
+    "scene_loaded": r"distsplat\.data\.(colmap|nerfstudio|blender): ",
+    "gaussians_init": r"trainer: init: ",
+    "setup_done": r"trainer: scene: ",
+    "first_step": r"trainer: step 1/",
+}
+
+
+def train_rate(root: Path, W: int, steps: int, work: Path, log_every: int = 0) -> dict:
+    """One CLI training (torchrun, W ranks): the time from launch to each start-up milestone
+    (seconds since the launch, read as the lines arrive), steps/s between step steps/2 and
+    steps (past start-up), the rate of each --log_every interval, and wall time."""
     out = work / f"run_{root.name}_{W}"
+    shutil.rmtree(out, ignore_errors=True)
+    log_every = log_every or steps // 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={W}",
            str(REPO / "examples" / "simple_trainer.py"), "default", "--data_dir", str(root), "--data_factor", "1", "--node_local_data",
-           "--max_steps", str(steps), "--log_every", str(steps // 2), "--init_num_pts", "2000",
+           "--max_steps", str(steps), "--log_every", str(log_every), "--init_num_pts", "2000",
            "--num_workers", "1", "--prefetch", "2", "--disable_viewer", "--sh_degree", "1",
            "--cache", "compressed", "--result_dir", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    seen, lines = {}, []
+    for line in p.stderr:
+        lines.append(line)
+        for key, pattern in MILESTONES.items():
+            if key not in seen and re.search(pattern, line):
+                seen[key] = time.perf_counter() - t0
+    p.wait()
     wall = time.perf_counter() - t0
+    text = "".join(lines)
     if p.returncode != 0:
-        raise RuntimeError(f"training on {root} failed:\n{p.stderr[-3000:]}")
-    rates = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"step (\d+)/\d+: loss \S+, ([\d.]+) steps/s", p.stderr)}
+        raise RuntimeError(f"training on {root} failed:\n{text[-3000:]}")
+    rates = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"step (\d+)/\d+: loss \S+, ([\d.]+) steps/s", text)}
+    # cumulative rates r_k = k / (t_k - t_first): the interval (a, b] took b/r_b - a/r_a
+    marks = sorted(k for k in rates if k % log_every == 0 or k == steps)
+    intervals = [{"from": a, "to": b, "steps_per_s": (b - a) / (b / rates[b] - a / rates[a])}
+                 for a, b in zip(marks, marks[1:])]
     half = steps // 2
-    # cumulative rates r_k = k / (t_k - t0): the interval (half, steps] took steps/r - half/r_half
-    interval = (steps - half) / (steps / rates[steps] - half / rates[half])
-    setup = re.search(r"scene: .*", p.stderr)
+    setup = re.search(r"scene: .*", text)
     shutil.rmtree(out, ignore_errors=True)
-    return {"W": W, "steps": steps, "steps_per_s": interval, "wall_s": wall, "scene_line": setup.group(0) if setup else None}
+    return {"W": W, "steps": steps, "steps_per_s": (steps - half) / (steps / rates[steps] - half / rates[half]),
+            "time_to_first_step_s": seen.get("first_step"), "milestones_s": seen, "intervals": intervals,
+            "first_epoch_steps_per_s": rates.get(log_every),
+            "wall_s": wall, "scene_line": setup.group(0) if setup else None}
+
+
+def epochs_rate(root: Path, images: int, W: int, epochs: int, work: Path) -> dict:
+    """steps/s of each epoch of a short run on `root`: the first reads every image from disk
+    (and fills the cache), the later ones read the cache. The trainer's rate at step k is
+    k / (time since the steps began), so epoch 1's is the rate logged at its last step and
+    epoch e's the interval between the logs at its ends."""
+    per_epoch = (images - N_TEST) // W  # steps per epoch: each rank trains one own image a step
+    r = train_rate(root, W, per_epoch * epochs, work, log_every=per_epoch)
+    rates = [r["first_epoch_steps_per_s"]] + [i["steps_per_s"] for i in r["intervals"]]
+    return dict(r, images=images, steps_per_epoch=per_epoch, epoch_steps_per_s=rates,
+                first_over_later=rates[0] / (sum(rates[1:]) / max(len(rates) - 1, 1)))
 
 
 def main() -> None:
@@ -242,7 +286,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "bench_million", "N": n, "small": small, "image_size": [WIDTH, HEIGHT], "cache": cache_mode,
               "command": f"N={n} WS={','.join(map(str, ws))} STEPS={steps} REPEAT={os.environ.get('REPEAT', '2')} "
-                         "nice -n 10 python benchmarks/bench_million.py",
+                         f"FILL={os.environ.get('FILL', '1')} MEASURE={os.environ.get('MEASURE', '1')} "
+                         "python benchmarks/bench_million.py",
               "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -271,6 +316,21 @@ def main() -> None:
         for W in ws if os.environ.get("MEASURE", "1") == "1" else []:  # MEASURE=0: training only
             result["ranks"].append(measure_ranks(big, W, cache_mode, n, encoded))
             print(json.dumps(result["ranks"][-1]), flush=True)
+        # Launch to the first step at each W (--node_local_data: each rank checks its own images):
+        # the first start writes the model's binary copy (model_cache.py), the later ones read it
+        result["start"] = []
+        for W in ws:
+            for start in ("first", "later"):
+                if start == "first":
+                    for copy in (big / "sparse" / "0").glob("images.distsplat"):
+                        copy.unlink()
+                r = dict(train_rate(big, W, steps, work), start=start, images=n)
+                result["start"].append(r)
+                print(json.dumps(r), flush=True)
+        result["time_to_first_step_s"] = {str(W): min(r["time_to_first_step_s"] for r in result["start"] if r["W"] == W)
+                                          for W in ws}
+        result["epochs"] = epochs_rate(little, small, ws[0], int(os.environ.get("EPOCHS", "3")), work)
+        print(json.dumps(result["epochs"]), flush=True)
         result["training"] = []
         # Interleaved twice (small, big, small, big), the best of each: the machine is shared.
         for _ in range(int(os.environ.get("REPEAT", "2"))):
