@@ -19,9 +19,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 import torch
@@ -99,38 +98,28 @@ def _frame_parts(scene: Scene, ply_frame: str) -> Tuple[Dict[str, Any], np.ndarr
 def write_frame_files(result_dir: Path, scene: Scene, ply_frame: str) -> Dict[str, Any]:
     """Rank 0: R/cameras.json (train cameras first, then test) and R/transform.json, in the
     world of the PLY (`ply_frame`); returns transform.json's dict."""
-    info, order, c2w = _frame_parts(scene, ply_frame)
-    result_dir.mkdir(parents=True, exist_ok=True)
-    _write_cameras(result_dir / "cameras.json", scene, order, c2w)
+    info = write_transform(result_dir, scene, ply_frame)
+    write_cameras(result_dir, scene, ply_frame)
+    return info
+
+
+def write_transform(result_dir: Path, scene: Scene, ply_frame: str) -> Dict[str, Any]:
+    """Rank 0: R/transform.json (as the run starts: it is small); returns its dict."""
+    info = frame_info(scene.transform, ply_frame)
     write_json(result_dir / "transform.json", info)
     return info
 
 
-class FrameFiles(threading.Thread):
-    """write_frame_files with cameras.json written beside the first steps: transform.json at
-    once, cameras.json by this thread (a million cameras take rank 0 ~15 s of CPU: training
-    does not wait for them). `wait()` joins and raises what the writing raised."""
-
-    def __init__(self, result_dir: Path, scene: Scene, ply_frame: str):
-        super().__init__(name="cameras.json", daemon=False)
-        self.info, order, c2w = _frame_parts(scene, ply_frame)
-        result_dir.mkdir(parents=True, exist_ok=True)
-        write_json(result_dir / "transform.json", self.info)
-        self._args = (result_dir / "cameras.json", scene, order, c2w)
-        self.error: Optional[BaseException] = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            _write_cameras(*self._args)
-        except BaseException as e:  # noqa: BLE001 (re-raised by wait, on the training thread)
-            self.error = e
-
-    def wait(self) -> None:
-        self.join()
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
+def write_cameras(result_dir: Path, scene: Scene, ply_frame: str) -> None:
+    """Rank 0: R/cameras.json. The trainer writes it with the first PLY, which is what it
+    serves: at a million cameras it is ~375 MB and ~15 s of one core, which the first steps
+    would otherwise wait for (issue 35)."""
+    c2w = np.asarray(scene.camtoworlds, dtype=np.float64)  # [C_all, 4, 4]
+    if ply_frame == CAPTURE:
+        c2w = transform_cameras(np.linalg.inv(np.asarray(scene.transform, dtype=np.float64)), c2w)
+    order = np.concatenate([np.asarray(scene.train, dtype=np.int64), np.asarray(scene.test, dtype=np.int64)])
+    result_dir.mkdir(parents=True, exist_ok=True)
+    _write_cameras(result_dir / "cameras.json", scene, order, c2w)
 
 
 # ---------------------------------------------------------------- Gaussians to the capture world

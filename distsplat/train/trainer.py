@@ -56,7 +56,7 @@ from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes, render_working_bytes
 from .strategies import MCMCStrategy
 from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
-from .coords import CAPTURE, NORMALIZED, FrameFiles, frame_info, to_capture
+from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_cameras, write_transform
 from .faults import DivergenceGuard, SaveGuard
 from .balance import Balancer, WorkMeter, interleave, pair_bounds
 from ..data.heap import TRIM_FROM, trim_heap
@@ -81,7 +81,7 @@ class Trainer:
         self.loader: Optional[ImageLoader] = None
         self.cache: Optional[ImageCache] = None
         self.tb: Optional[TensorBoard] = None
-        self.frame_files: Optional[FrameFiles] = None  # rank 0: cameras.json's writer
+        self.cameras_written = False  # cameras.json (rank 0), with the first save
         self.metrics: Dict[str, Any] = {}
         # Called as hook(trainer, step) on EVERY rank after each step (e.g. the viewer). Hooks
         # that need collectives must call them on every rank in the same order; with no hook
@@ -229,7 +229,8 @@ class Trainer:
                   "densify less (a higher --strategy.grow_grad2d, an earlier --strategy.refine_stop_iter)")
         # One render call per image size of a step's batch (train_step), each under the budget.
         train = self.train_np
-        calls = min(cfg.batch_size * self.ctx.world_size, len(set(zip(self.widths[train], self.heights[train]))))
+        sizes = np.unique(self.widths[train].astype(np.int64) << 32 | self.heights[train])  # no tuple per camera
+        calls = min(cfg.batch_size * self.ctx.world_size, len(sizes))
         working = render_working_bytes(cfg.backend, self.device, calls)
         self.memory_guard = MemoryGuard(limit, cfg.memory_fraction, self.ctx.rank, accumulators=accumulators,
                                         advice=advice, device=self.device, limit_source=source, working=working)
@@ -361,8 +362,6 @@ class Trainer:
             progress.close()
         self.saves.report_end(self.metrics)  # which saves a full disk skipped
         self.where = "after training"
-        if self.frame_files is not None:
-            self.frame_files.wait()  # cameras.json, written beside the steps
         for hook in self.end_hooks:
             hook(self)
         return self.metrics
@@ -375,7 +374,7 @@ class Trainer:
             name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
             write_yaml(self.result_dir / name, self.cfg.to_dict())  # the resolved config, as gsplat's cfg.yml
             if not (self.cfg.eval_only or self.cfg.render_only):  # the world of this run's PLYs (coords.py)
-                self.frame_files = FrameFiles(self.result_dir, self.scene, self.cfg.ply_frame)  # beside the steps
+                write_transform(self.result_dir, self.scene, self.cfg.ply_frame)  # cameras.json: with the first PLY
 
     def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
@@ -657,6 +656,10 @@ class Trainer:
             if self.cfg.ply_frame == CAPTURE:
                 gaussians = to_capture(gaussians, self.scene.transform)
             export_ply(self.result_dir, step, gaussians, start, self.n_all, ctx, self.saves)
+        if not self.cameras_written:  # the PLY's cameras (coords.py), once; a full disk: the next save
+            write = lambda: write_cameras(self.result_dir, self.scene, self.cfg.ply_frame)  # noqa: E731
+            self.cameras_written = self.saves.run("cameras.json", lambda r: self.result_dir / "cameras.json", 0,
+                                                  write if ctx.is_main else None)
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
 
@@ -727,8 +730,6 @@ class Trainer:
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:
-        if self.frame_files is not None and self.frame_files.is_alive():
-            self.frame_files.join()  # a failed run still leaves a whole cameras.json (or none)
         if self.loader is not None:
             self.loader.close()
         if self.cache is not None:

@@ -214,3 +214,35 @@ def test_cgroup_limits_cap_the_available_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert cache_mod.mem_available() == 2**28 and cache_mod.mem_total() == 2**30
     assert ram_budget(0.5) == 2**26
+
+
+@pytest.mark.parametrize("mode", ["compressed", "decoded", "auto"])
+def test_the_cache_fills_as_images_are_first_used(dataset, mode, monkeypatch):
+    """No up-front fill (issue 35): building the cache reads no image, whatever the mode or
+    budget (the budget is checked against sizes, not reads); each step's images are read
+    when the loader first needs them and held from then on, so the first epoch reads from
+    disk and a second one only from memory. Under a budget that fits the compressed share
+    and not the decoded one, auto picks compressed, still without a read."""
+    scene = load_colmap(dataset)
+    scene.images = src = CountingSource(scene.images)
+    own = [0, 3, 5, 8, 13, 21]
+    compressed = sum(src.encoded_size(c) for c in own)
+    budget = compressed + 1 if mode == "auto" else None  # decoded (6 x 96 x 64 x 3) does not fit
+    cache = ImageCache(src, scene.specs(), own, mode=mode, budget=budget)
+    assert src.reads == {} and cache.nbytes() == 0
+    if mode == "auto":
+        assert cache.mode == "compressed"
+    per_image = {c: (src.encoded_size(c) if cache.mode == "compressed" else 96 * 64 * 3) for c in own}
+    schedule = [own[:2], own[2:4], own[4:]]
+    with ImageLoader(cache, schedule, num_workers=1, prefetch=1) as loader:
+        for k, batch in enumerate(loader):
+            read = set(src.reads)
+            # what the first k + 1 steps needed, plus at most the prefetched next step's
+            needed = {c for step in schedule[:k + 1] for c in step}
+            assert needed <= read <= needed | set(schedule[min(k + 1, 2)])
+    assert src.reads == {c: 1 for c in own}
+    assert cache.nbytes() == sum(per_image.values())
+    with ImageLoader(cache, schedule[::-1], num_workers=1, prefetch=1) as loader:  # epoch 2: memory only
+        for _ in loader:
+            pass
+    assert src.reads == {c: 1 for c in own}
