@@ -9,8 +9,17 @@ $WS, with W rank processes at once (as torchrun would start them on one node):
   COLMAP camera is touched, not N) and the shard index (TarShardSource), seconds and the
   resident memory (RSS) each adds to a rank;
 - ownership: the rank's own cameras (node_data.owned_by_rank, the trainer's rule), RSS;
-- cache: ImageCache of the rank's own images, filled; its bytes against dataset / W
-  (goal <= 1.1) and what the rank holds besides the cache (goal <= 200 MB);
+- check: the trainer's up-front check of the rank's own images (node_data.check_own_images:
+  present, header, not cut, size), seconds;
+- cache: ImageCache of the rank's own images set up, then (FILL=1) filled with its whole
+  share; its bytes against dataset / W (goal <= 1.1) and what the rank holds besides the
+  cache (goal <= 200 MB);
+- start: the time from launching the CLI (torchrun, --node_local_data) to its first
+  training step at each W, with the times of the start-up's log lines: once without the
+  model's binary copy (model_cache.py: this start writes it) and once with it (goal <= 60 s
+  at a million images, W = 2 and 4);
+- epochs: steps/s of each epoch of a short training on the SMALL capture (the first reads
+  every image from disk and fills the cache, the later ones read the cache; goal: within 10%);
 - training: steps/s of a short CLI training (torchrun, --node_local_data) on the N-image
   capture and on a SMALL-image capture of the same image size (goal: within 10%).
 
@@ -20,7 +29,10 @@ $WS, with W rank processes at once (as torchrun would start them on one node):
 Environment: N (images), SMALL (1000), WS ("2,4"), STEPS (40), CACHE (decoded up to 200k
 images, else compressed: the decoded 1M capture is 9.2 GB), WORK (a folder on /work),
 KEEP=1 keeps the generated data (a rerun reuses it and its generation/packing figures),
-DATA_ONLY=1 (with KEEP=1) only generates and packs, MEASURE=0 skips the per-rank measures, REPEAT (2) training runs per capture. Writes benchmarks/results/million_<N>.json.
+DATA_ONLY=1 (with KEEP=1) only generates and packs, MEASURE=0 skips the per-rank measures, FILL=0 skips
+filling the cache with the whole share in them, EPOCHS (3; 0: none) epochs of the SMALL capture,
+REPEAT (2) training runs per capture, START=0 no start measures, MERGE=1 puts this run's parts into an
+existing million_<N>.json (listed under "merged"). Writes benchmarks/results/million_<N>.json.
 """
 
 from __future__ import annotations
@@ -201,6 +213,9 @@ def rank_worker(args) -> dict:
 
 
 def measure_ranks(root: Path, W: int, cache_mode: str, n: int, encoded_total: int) -> dict:
+    from distsplat.data import colmap_io
+
+    colmap_io.read_model_table(root / "sparse" / "0")  # the model's binary copy written: the ranks read it, as a later start does
     ctx = mp.get_context("spawn")
     with ctx.Pool(W) as pool:
         ranks = pool.map(rank_worker, [(root, r, W, cache_mode) for r in range(W)])
@@ -221,7 +236,11 @@ MILESTONES = {  # log lines of a start, in order: what the time to the first ste
 }
 
 
-def train_rate(root: Path, W: int, steps: int, work: Path, log_every: int = 0) -> dict:
+FROZEN = ["--means_lr", "0", "--scales_lr", "0", "--quats_lr", "0", "--opacities_lr", "0", "--sh0_lr", "0",
+          "--shN_lr", "0", "--strategy.refine_start_iter", "1000000000"]  # every step renders the same model
+
+
+def train_rate(root: Path, W: int, steps: int, work: Path, log_every: int = 0, extra=()) -> dict:
     """One CLI training (torchrun, W ranks): the time from launch to each start-up milestone
     (seconds since the launch, read as the lines arrive), steps/s between step steps/2 and
     steps (past start-up), the rate of each --log_every interval, and wall time."""
@@ -232,7 +251,7 @@ def train_rate(root: Path, W: int, steps: int, work: Path, log_every: int = 0) -
            str(REPO / "examples" / "simple_trainer.py"), "default", "--data_dir", str(root), "--data_factor", "1", "--node_local_data",
            "--max_steps", str(steps), "--log_every", str(log_every), "--init_num_pts", "2000",
            "--num_workers", "1", "--prefetch", "2", "--disable_viewer", "--sh_degree", "1",
-           "--cache", "compressed", "--result_dir", str(out)]
+           "--cache", "compressed", "--result_dir", str(out), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
@@ -261,15 +280,17 @@ def train_rate(root: Path, W: int, steps: int, work: Path, log_every: int = 0) -
             "wall_s": wall, "scene_line": setup.group(0) if setup else None}
 
 
-def epochs_rate(root: Path, images: int, W: int, epochs: int, work: Path) -> dict:
+def epochs_rate(root: Path, images: int, W: int, epochs: int, work: Path, frozen: bool) -> dict:
     """steps/s of each epoch of a short run on `root`: the first reads every image from disk
     (and fills the cache), the later ones read the cache. The trainer's rate at step k is
     k / (time since the steps began), so epoch 1's is the rate logged at its last step and
-    epoch e's the interval between the logs at its ends."""
+    epoch e's the interval between the logs at its ends. `frozen`: every learning rate 0 and
+    no refinement, so every epoch renders the same work and only the images' path differs
+    (a training model's steps get cheaper as its Gaussians shrink, whatever the loader does)."""
     per_epoch = (images - N_TEST) // W  # steps per epoch: each rank trains one own image a step
-    r = train_rate(root, W, per_epoch * epochs, work, log_every=per_epoch)
+    r = train_rate(root, W, per_epoch * epochs, work, log_every=per_epoch, extra=FROZEN if frozen else ())
     rates = [r["first_epoch_steps_per_s"]] + [i["steps_per_s"] for i in r["intervals"]]
-    return dict(r, images=images, steps_per_epoch=per_epoch, epoch_steps_per_s=rates,
+    return dict(r, images=images, frozen=frozen, steps_per_epoch=per_epoch, epoch_steps_per_s=rates,
                 first_over_later=rates[0] / (sum(rates[1:]) / max(len(rates) - 1, 1)))
 
 
@@ -287,6 +308,8 @@ def main() -> None:
     result = {"benchmark": "bench_million", "N": n, "small": small, "image_size": [WIDTH, HEIGHT], "cache": cache_mode,
               "command": f"N={n} WS={','.join(map(str, ws))} STEPS={steps} REPEAT={os.environ.get('REPEAT', '2')} "
                          f"FILL={os.environ.get('FILL', '1')} MEASURE={os.environ.get('MEASURE', '1')} "
+                         f"START={os.environ.get('START', '1')} EPOCHS={os.environ.get('EPOCHS', '3')} "
+                         f"SMALL={small} MERGE={os.environ.get('MERGE', '0')} "
                          "python benchmarks/bench_million.py",
               "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -319,7 +342,7 @@ def main() -> None:
         # Launch to the first step at each W (--node_local_data: each rank checks its own images):
         # the first start writes the model's binary copy (model_cache.py), the later ones read it
         result["start"] = []
-        for W in ws:
+        for W in ws if os.environ.get("START", "1") == "1" else []:
             for start in ("first", "later"):
                 if start == "first":
                     for copy in (big / "sparse" / "0").glob("images.distsplat"):
@@ -327,27 +350,37 @@ def main() -> None:
                 r = dict(train_rate(big, W, steps, work), start=start, images=n)
                 result["start"].append(r)
                 print(json.dumps(r), flush=True)
-        result["time_to_first_step_s"] = {str(W): min(r["time_to_first_step_s"] for r in result["start"] if r["W"] == W)
-                                          for W in ws}
-        result["epochs"] = epochs_rate(little, small, ws[0], int(os.environ.get("EPOCHS", "3")), work)
-        print(json.dumps(result["epochs"]), flush=True)
+        if result["start"]:
+            result["time_to_first_step_s"] = {str(W): min(r["time_to_first_step_s"] for r in result["start"]
+                                                          if r["W"] == W) for W in ws}
+        epochs = int(os.environ.get("EPOCHS", "3"))
+        for key, frozen in (("epochs_frozen", True), ("epochs", False)) if epochs > 1 else ():  # EPOCHS=0: none
+            result[key] = epochs_rate(little, small, ws[0], epochs, work, frozen)
+            print(json.dumps(result[key]), flush=True)
         result["training"] = []
         # Interleaved twice (small, big, small, big), the best of each: the machine is shared.
-        for _ in range(int(os.environ.get("REPEAT", "2"))):
+        for _ in range(int(os.environ.get("REPEAT", "2"))):  # REPEAT=0: none
             for root in (little, big):
                 r = train_rate(root, ws[0], steps, work)
                 r["images"] = small if root is little else n
                 result["training"].append(r)
                 print(json.dumps(r), flush=True)
-        best = {k: max(r["steps_per_s"] for r in result["training"] if r["images"] == k) for k in (small, n)}
-        result["train_steps_per_s_best"] = {str(k): v for k, v in best.items()}
-        result["train_big_over_small"] = best[n] / best[small]
+        if result["training"]:
+            best = {k: max(r["steps_per_s"] for r in result["training"] if r["images"] == k) for k in (small, n)}
+            result["train_steps_per_s_best"] = {str(k): v for k, v in best.items()}
+            result["train_big_over_small"] = best[n] / best[small]
         result["load_after"] = os.getloadavg()
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
         if os.environ.get("DATA_ONLY") != "1":
             out = REPO / "benchmarks" / "results" / f"million_{n}.json"
+            if os.environ.get("MERGE") == "1" and out.exists():  # a partial rerun: its parts replace the file's
+                old = json.loads(out.read_text())
+                fresh = {k: v for k, v in result.items() if v not in ([], None) and not k.startswith(("generate_", "pack_"))}
+                old.setdefault("merged", []).append({k: result[k] for k in ("command", "commit", "date", "load_before")})
+                old.update({k: v for k, v in fresh.items() if k not in ("command", "commit", "date", "load_before")})
+                result = old
             out.write_text(json.dumps(result, indent=2) + "\n")
             print(f"bench_million N={n}: -> {out}")
 

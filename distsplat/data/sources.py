@@ -154,9 +154,9 @@ class FolderSource(ImageSource):
             self.names = [os.path.basename(p) for p in self.paths]
         else:
             self.names = names if isinstance(names, NameList) else list(names)
-        # [C] file sizes peek saw (-1: not yet): the cache sizes its arena from them without
-        # a second stat per image (8 bytes a camera, not a dict entry)
-        self._sizes = np.full(len(self.paths), -1, dtype=np.int64)
+        # [C] file sizes peek saw (-1: not yet, or 2 GiB and more): the cache sizes its arena
+        # from them without a second stat per image (4 bytes a camera, made on the first peek)
+        self._sizes: Optional[np.ndarray] = None
 
     def missing(self, indices: Optional[Sequence[int]] = None) -> List[int]:
         """Indices (of `indices`, default every camera) whose image file is absent: one
@@ -192,7 +192,7 @@ class FolderSource(ImageSource):
 
     def encoded_size(self, index: int) -> int:
         # What peek saw (the up-front check peeks at every image a rank reads), else a stat
-        known = int(self._sizes[index])
+        known = -1 if self._sizes is None else int(self._sizes[index])
         if known >= 0:
             return known
         try:
@@ -210,7 +210,10 @@ class FolderSource(ImageSource):
                 first = os.read(fd, head)
                 size = os.fstat(fd).st_size
                 tail = first[-16:] if size <= len(first) else os.pread(fd, 16, size - 16)
-                self._sizes[index] = size
+                if self._sizes is None:
+                    self._sizes = np.full(len(self.paths), -1, dtype=np.int32)
+                if size < 2**31:
+                    self._sizes[index] = size
             finally:
                 os.close(fd)
             return first, tail
