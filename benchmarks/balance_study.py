@@ -2,7 +2,7 @@
 
 A synchronous step lasts as long as its slowest rank. A rank's projection costs its pairs
 projected (its Gaussians x the batch cameras that see them), its rasterization the pairs of
-its own cameras (DESIGN.md; distsplat/train/balance.py). Per scene, world size W and per-rank
+its own cameras (docs/design.md; distsplat/train/balance.py). Per scene, world size W and per-rank
 batch b, W gloo CPU processes run the real `Trainer` (setup, then `Trainer.train_step`, the
 loop's body, step after step) and record every step's pairs projected and rasterized per rank
 (what `WorkMeter.record` gets from the count exchange). Each entry gives, over the measured

@@ -1,4 +1,4 @@
-"""Benchmark of the packed sparse all-to-all of `distributed_rasterize` (DESIGN.md's
+"""Benchmark of the packed sparse all-to-all of `distributed_rasterize` (docs/design.md's
 exchange) for one fixed generated scene, W = 1..NGPU gloo processes on the CPU.
 
 Reports per W: visible pairs per step, pairs and bytes that cross ranks, bytes per pair,

@@ -1,4 +1,4 @@
-"""Benchmark of the live viewer's cost to training (DESIGN.md: the viewer renders between
+"""Benchmark of the live viewer's cost to training (docs/design.md: the viewer renders between
 steps): step time of a W-rank training of the built-in synthetic scene with
 
     off      --disable_viewer

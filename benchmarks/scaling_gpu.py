@@ -159,7 +159,7 @@ GSPLAT = {
 }
 OURS = {
     "forward_collectives": 2, "backward_collectives": 1, "host_syncs": 1,
-    "source": ("distsplat/distributed/render.py + exchange.py (DESIGN.md invariant 2); the trainer's other "
+    "source": ("distsplat/distributed/render.py + exchange.py (docs/design.md invariant 2); the trainer's other "
                "collectives per step (the divergence check's all-reduce) are counted from the run"),
 }
 HOST_READ_S = 5e-6

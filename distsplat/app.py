@@ -1,7 +1,7 @@
 """The application entry point: the trainer's CLI with the live viewer attached.
 
 The composition root: the only module that imports both `distsplat.train` and the layer
-above it, `distsplat.viewer`, so that train never imports the viewer (DESIGN.md layers).
+above it, `distsplat.viewer`, so that train never imports the viewer (docs/design.md layers).
 `examples/simple_trainer.py` and the `distsplat-train` console script call `main`.
 """
 

@@ -1,5 +1,5 @@
 """distsplat.data: scenes and images, up to the point where a rank's own images sit on its
-device (DESIGN.md, the rank-sharded loader).
+device (docs/design.md, the rank-sharded loader).
 
     parse (colmap / blender / nerfstudio / synthetic) -> Scene (all cameras; images by reference)
     Scene.images: ImageSource (folder, tar shards, in-memory)

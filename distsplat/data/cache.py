@@ -1,5 +1,5 @@
 """Per-rank image cache: holds the images of the cameras this rank owns, and nothing
-else (DESIGN.md invariant 3). The decode workers of the loader (loader.py) read through it.
+else (docs/design.md invariant 3). The decode workers of the loader (loader.py) read through it.
 
 Modes:
 - `none`: read + decode on every use;

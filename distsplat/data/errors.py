@@ -10,7 +10,7 @@ class DataError(ValueError):
 
 
 class OwnershipError(KeyError):
-    """A rank asked its image cache for a camera it does not own (DESIGN.md invariant 3)."""
+    """A rank asked its image cache for a camera it does not own (docs/design.md invariant 3)."""
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""

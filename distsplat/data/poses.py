@@ -1,5 +1,5 @@
 """One copy of the camera poses per rank (issue 20: a million images, <= 200 MB per rank
-besides the image cache). Every rank holds every camera's pose (DESIGN.md); at a million
+besides the image cache). Every rank holds every camera's pose (docs/design.md); at a million
 cameras the scene's float64 camera-to-world matrices [C, 4, 4] are 122 MiB, and the
 trainer's float32 world-to-camera copy of them another 61 MiB. Here:
 

@@ -1,4 +1,4 @@
-"""`Scene`: what every parser returns and every rank holds in full (DESIGN.md: "every rank
+"""`Scene`: what every parser returns and every rank holds in full (docs/design.md: "every rank
 holds the parameters of all cameras"). Cameras are tiny, so all of them live here; the
 images do not: `Scene.images` is an `ImageSource` that reads one camera's encoded image
 when the rank that owns the camera asks for it.

@@ -3,7 +3,7 @@ renderer (both backends) knows pinhole cameras only, so a camera with lens disto
 replaced, when the scene is parsed, by a pinhole camera whose image is a remap of the stored
 one, cropped to the region where every pixel comes from inside the stored image.
 
-Two halves, split by cost (DESIGN.md: every rank holds all cameras, only the owner reads
+Two halves, split by cost (docs/design.md: every rank holds all cameras, only the owner reads
 an image):
 - `plan_undistortion` (every rank, every camera, at parse time): the new pinhole K and
   size. Analytic on a few border points; no pixel work.

@@ -1,6 +1,6 @@
 """Shared-seed camera batches and the fixed camera -> owner rank assignment.
 
-DESIGN.md: every rank holds all cameras and draws the same batch each step from a shared
+docs/design.md: every rank holds all cameras and draws the same batch each step from a shared
 seed, so no camera crosses the wire; each camera is owned by one rank, the only one that
 rasterizes it and reads its image. Ownership is fixed for the run (a seeded permutation
 cut into W near-equal contiguous shards), so rank r's image loader only ever touches its

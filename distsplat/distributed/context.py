@@ -1,6 +1,6 @@
 """Process layout: who am I, how many are we, which device and process group.
 
-The first thing an entry point does (DESIGN.md: one process per GPU under torchrun, or
+The first thing an entry point does (docs/design.md: one process per GPU under torchrun, or
 one CPU process). `init_distributed()` reads torchrun's environment and returns one small
 frozen `DistContext`; everything below takes the layout from it or from the default
 process group. Without torchrun it returns a one-process context with no process group,

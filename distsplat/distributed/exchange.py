@@ -1,6 +1,6 @@
 """The wire between the two render stages: the count exchange and the packed all-to-all.
 
-DESIGN.md's step, seen from one rank: after projecting its Gaussians into every batch
+docs/design.md's step, seen from one rank: after projecting its Gaussians into every batch
 camera, a rank knows which rows of its payload go to each rank, but not how many it will
 receive. `exchange_counts` swaps those row ranges in ONE all-to-all of a tiny int64 matrix
 (W rows of N_COLUMNS, written into a buffer kept for the process) and brings it to the host

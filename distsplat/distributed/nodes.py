@@ -4,7 +4,7 @@ node must share, the images each node must hold).
 torchrun numbers nodes (GROUP_RANK, its `--node_rank`) and ranks within a node
 (LOCAL_RANK); the hostname tells a user which machine that is. `gather_text` collects one
 short string per rank on every rank with ONE all-reduce of a [W, nbytes] byte table (each
-rank fills its own row): a setup-time tool, never used per step (DESIGN.md invariant 2).
+rank fills its own row): a setup-time tool, never used per step (docs/design.md invariant 2).
 """
 
 from __future__ import annotations

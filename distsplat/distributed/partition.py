@@ -1,6 +1,6 @@
 """Gaussian ownership: each rank keeps one contiguous chunk of the N_all Gaussians.
 
-DESIGN.md: a Gaussian lives on exactly one rank, with its parameters and optimizer state.
+docs/design.md: a Gaussian lives on exactly one rank, with its parameters and optimizer state.
 Chunks are contiguous so that concatenating the ranks' chunks in rank order gives back
 the global array (checkpoints, exports and the W-invariance tests rely on that) and so
 that packed pairs, sorted by local Gaussian id on every rank, come out in global id order

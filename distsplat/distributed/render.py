@@ -1,4 +1,4 @@
-"""`distributed_rasterize`: DESIGN.md's step, forward and backward, for one batch.
+"""`distributed_rasterize`: docs/design.md's step, forward and backward, for one batch.
 
     project local Gaussians into ALL C batch cameras (render stage a, this rank's chunk)
       -> exchange where each rank's rows go (+ status, checksum, layout): 1 collective,

@@ -9,7 +9,7 @@ with embed_i [16] one learned vector per training image and the MLP gsplat's (64
 hidden ReLU layers, last layer zero at start so training starts from the base colours).
 Test images, the render-only path, the viewer and the PLY use a zero embedding, as gsplat.
 
-Where the state lives (DESIGN.md): the colour of a pair is computed by the rank that
+Where the state lives (docs/design.md): the colour of a pair is computed by the rank that
 renders its camera (distributed_rasterize's pair_colors: the payload carries the features
 and the pair's direction), so
 - an image's embedding lives only on its owner rank, and only that rank's pairs reach it:

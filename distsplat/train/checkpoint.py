@@ -1,4 +1,4 @@
-"""Checkpoints that survive a kill and resume on any number of ranks (DESIGN.md
+"""Checkpoints that survive a kill and resume on any number of ranks (docs/design.md
 invariant 5: nothing lost).
 
 Layout: `R/ckpts/step_NNNNNN/` holds `rank_RRRR.pt` (that rank's contiguous rows of every

@@ -1,7 +1,7 @@
 """gsplat's depth loss (`--depth_loss`): the rendered expected depth at the pixels where an
 image sees its sparse SfM points, compared in disparity with the points' depths.
 
-Per-image state (DESIGN.md): the targets of a camera are built from its COLMAP track
+Per-image state (docs/design.md): the targets of a camera are built from its COLMAP track
 (the points whose track holds the image) and live only on the camera's owner, which
 renders it with render_mode "RGB+ED" and adds the loss of its own cameras; nothing
 crosses the wire beyond the render's own reverse exchange. As for the photometric loss,

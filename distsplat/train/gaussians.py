@@ -1,4 +1,4 @@
-"""Gaussian parameters of one rank and their optimizers (DESIGN.md: each rank holds a
+"""Gaussian parameters of one rank and their optimizers (docs/design.md: each rank holds a
 contiguous chunk of the Gaussians, its parameters and optimizer state, nothing else).
 
 Parameters are stored raw, as gsplat's simple_trainer stores them: means, log scales,

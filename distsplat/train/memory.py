@@ -1,4 +1,4 @@
-"""The memory guard of one rank (DESIGN.md: densification on local Gaussians only): before a
+"""The memory guard of one rank (docs/design.md: densification on local Gaussians only): before a
 refine step grows this rank's Gaussians, the strategy asks `MemoryGuard.allow(params,
 n_new)`; when the rank's usage plus what the growth would add passes `fraction` x its limit,
 growth stops on this rank (pruning and MCMC relocation go on), as Grendel-GS does, with a

@@ -1,6 +1,6 @@
 """Which images each node reads, for clusters without a shared file system.
 
-Camera ownership is fixed for the run (DESIGN.md): training cameras by the shared-seed
+Camera ownership is fixed for the run (docs/design.md): training cameras by the shared-seed
 `CameraBatcher` permutation, test cameras by `test_owners` chunks, both functions of the
 scene's split, the seed and W only. torchrun gives node n the global ranks
 [n * nproc_per_node, (n + 1) * nproc_per_node), so the images a node needs are known before

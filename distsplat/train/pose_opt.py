@@ -2,7 +2,7 @@
 correction per training camera (a translation delta and a 6D rotation delta, zero at
 start), and `--pose_noise`, gsplat's test perturbation of the training poses.
 
-Per camera, needed for projection (DESIGN.md): every rank holds every correction,
+Per camera, needed for projection (docs/design.md): every rank holds every correction,
 identical, because every rank projects its Gaussians into every batch camera. A
 camera's correction therefore gets a gradient from every rank's Gaussians: after
 backward the [n, 9] gradient is summed over ranks with ONE all-reduce per step (no

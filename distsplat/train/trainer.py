@@ -1,4 +1,4 @@
-"""The training recipe of one rank (DESIGN.md's step, end to end):
+"""The training recipe of one rank (docs/design.md's step, end to end):
 
     batch = shared-seed CameraBatcher (same on every rank; this rank's own cameras)
     images = ImageLoader(own cameras only, prefetched)

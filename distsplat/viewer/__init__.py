@@ -1,4 +1,4 @@
-"""distsplat.viewer: the viser live viewer (DESIGN.md layer above train).
+"""distsplat.viewer: the viser live viewer (docs/design.md layer above train).
 
     LiveViewer.start(ctx, host, port, ...)   rank 0 serves; a bad port fails on every rank
     viewer.on_step                           the trainer hook (trainer.step_hooks)

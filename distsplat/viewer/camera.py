@@ -1,4 +1,4 @@
-"""The viewer's cameras and its one message (DESIGN.md: the viewer asks the trainer for
+"""The viewer's cameras and its one message (docs/design.md: the viewer asks the trainer for
 distributed renders between steps).
 
 A browser's camera (viser: camera-to-world rotation `wxyz` and `position` in OpenCV axes,

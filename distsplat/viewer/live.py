@@ -1,4 +1,4 @@
-"""The live viewer's collective side (DESIGN.md: the viewer asks the trainer for
+"""The live viewer's collective side (docs/design.md: the viewer asks the trainer for
 distributed renders between steps). One `LiveViewer` per rank; rank 0 also owns the
 `ViewerServer` (viser, the browsers).
 

@@ -1,4 +1,4 @@
-"""A finished model for the viewer (DESIGN.md: checkpoints resume on any W; the PLY is the
+"""A finished model for the viewer (docs/design.md: checkpoints resume on any W; the PLY is the
 standard 3DGS layout): each of W ranks loads only its contiguous chunk, from a checkpoint
 (re-chunked through `read_meta` / `read_rows`) or from a PLY file (rows read by offset),
 so `examples/simple_viewer.py` runs on one process or under torchrun alike.

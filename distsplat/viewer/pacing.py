@@ -1,4 +1,4 @@
-"""When rank 0 lets the viewer poll and render (DESIGN.md: the viewer renders between
+"""When rank 0 lets the viewer poll and render (docs/design.md: the viewer renders between
 steps without slowing training much).
 
 Other ranks cannot see rank 0's clock, so rank 0 turns time into steps: each poll message

@@ -1,4 +1,4 @@
-"""Rank 0's web side of the live viewer (DESIGN.md: the viewer asks the trainer for
+"""Rank 0's web side of the live viewer (docs/design.md: the viewer asks the trainer for
 distributed renders between steps): a viser server, its panel, and the browsers' cameras.
 
 Everything here runs on rank 0 only and never talks to other ranks. Browser events arrive

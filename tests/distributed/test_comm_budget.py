@@ -1,4 +1,4 @@
-"""Communication budget (DESIGN.md invariant 2), counted from REAL calls: every
+"""Communication budget (docs/design.md invariant 2), counted from REAL calls: every
 torch.distributed function and every explicit device->host read (Tensor.tolist, .item,
 .cpu, .numpy, int(), float(), bool(), index) is wrapped inside the workers while the
 distributed layer runs (the one-process render stages, which sync on their own when

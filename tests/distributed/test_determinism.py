@@ -1,4 +1,4 @@
-"""Determinism (issue 9, part 4; README "Determinism"): the real CLI under torchrun, run
+"""Determinism (issue 9, part 4; docs/determinism.md): the real CLI under torchrun, run
 twice with the same seed and W, gives bit-identical metrics, PLY and checkpoint tensors,
 with densification that draws random numbers (the default strategy's splits, from a hash
 of (seed, step, Gaussian id); MCMC's relocation and noise, from the rank's stream). Across W the tolerance is the one test_trainer.py checks (the

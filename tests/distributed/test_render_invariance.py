@@ -1,4 +1,4 @@
-"""W-invariance (DESIGN.md invariant 1): for W in 1..4 gloo ranks, every camera's render
+"""W-invariance (docs/design.md invariant 1): for W in 1..4 gloo ranks, every camera's render
 and every Gaussian's gradient (all parameters, plus the means2d gradients and visibility
 that densification reads) equal the one-process `rasterize` of the concatenated Gaussians.
 

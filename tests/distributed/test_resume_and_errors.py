@@ -108,7 +108,7 @@ def test_help_is_printed_once(tmp_path):
 
 
 def test_exit_codes_as_the_shell_sees_them(tmp_path):
-    """README's table: bad input is 2 under python; torchrun turns any failed rank into 1."""
+    """docs/robustness.md's table: bad input is 2 under python; torchrun turns any failed rank into 1."""
     bad = ["default", "--data_dir", str(tmp_path / "nowhere"), "--result_dir", str(tmp_path / "run"), *TINY_FLAGS]
     p = python_cli(bad)
     assert p.returncode == 2 and error_lines(p.stderr) == [

@@ -1,4 +1,4 @@
-"""distsplat/data sits below rendering and distribution (DESIGN.md, layers): none of its
+"""distsplat/data sits below rendering and distribution (docs/design.md, layers): none of its
 modules imports distsplat.render, distsplat.distributed or torch.distributed."""
 
 import ast
