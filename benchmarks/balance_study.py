@@ -73,10 +73,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, git_commit, write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 from benchmarks.procs import run_ranks  # noqa: E402
 
 SEED = 42
-THERMOS = Path(os.environ.get("DISTSPLAT_DATA", "/work/shared/data")) / "thermos"
+THERMOS = data_dir() / "thermos"
 
 
 def env_ints(name: str, default: str) -> List[int]:

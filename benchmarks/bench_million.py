@@ -300,7 +300,7 @@ def main() -> None:
     ws = [int(w) for w in os.environ.get("WS", "2,4").split(",")]
     steps = int(os.environ.get("STEPS", "40"))
     cache_mode = os.environ.get("CACHE", "decoded" if n <= 200_000 else "compressed")
-    work = Path(os.environ.get("WORK", "/work/tmp_bench_million")) / f"n{n}"
+    work = Path(os.environ.get("WORK", REPO.parent / "tmp_bench_million")) / f"n{n}"  # beside the checkout: GBs
     keep = os.environ.get("KEEP") == "1"
     if work.exists() and not keep:
         shutil.rmtree(work)

@@ -18,7 +18,7 @@ the rank's cameras of it, their viewmats and Ks, cache slots), mean over 2000 st
 
     N=1000000 W=2 nice -n 10 python benchmarks/bench_million_memory.py
 
-Environment: N (1000000), W (2), RANKS (ranks measured, "0"), WORK. Writes
+Environment: N (1000000), W (2), RANKS (ranks measured, "0"), WORK (tmp_bench_million beside the checkout). Writes
 benchmarks/results/million_memory_<N>.json; deletes the generated files.
 """
 
@@ -157,7 +157,7 @@ def main() -> None:
     n = int(os.environ.get("N", "1000000"))
     W = int(os.environ.get("W", "2"))
     ranks = [int(r) for r in os.environ.get("RANKS", "0").split(",")]
-    work = Path(os.environ.get("WORK", "/work/tmp_bench_million")) / f"mem{n}"
+    work = Path(os.environ.get("WORK", REPO.parent / "tmp_bench_million")) / f"mem{n}"
     if work.exists():
         shutil.rmtree(work)
     result = {"benchmark": "bench_million_memory", "N": n, "W": W,

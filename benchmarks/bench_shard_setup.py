@@ -11,7 +11,7 @@ run only the rank's own (plus one per COLMAP camera for the image size).
 
     N=20000 nice -n 10 python benchmarks/bench_shard_setup.py
 
-Environment: N (20000), WORK (a folder on /work). Writes benchmarks/results/shard_setup_<N>.json.
+Environment: N (20000), WORK (tmp_bench_shard_setup beside the repository checkout). Writes benchmarks/results/shard_setup_<N>.json.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def setup_rank0(args) -> dict:
 
 def main() -> None:
     n = int(os.environ.get("N", "20000"))
-    work = Path(os.environ.get("WORK", "/work/tmp_bench_shard_setup")) / f"n{n}"
+    work = Path(os.environ.get("WORK", REPO.parent / "tmp_bench_shard_setup")) / f"n{n}"
     from bench_million import generate
 
     from distsplat.data.shards import pack_shards

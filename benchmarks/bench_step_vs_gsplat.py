@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import step_ranges as sr  # noqa: E402
 from benchmarks.common import gpu_or_plumbing, write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 
 TOP_KERNELS = 5
 
@@ -164,8 +165,7 @@ def run_gsplat(scene: str, data_factor: int, warmup: int, reps: int, profile: in
 def main() -> None:
     device, fake = gpu_or_plumbing("bench_step_vs_gsplat.py", "FAKE_GSPLAT")
     cuda = device.type == "cuda"
-    data = os.environ.get("DISTSPLAT_DATA", "/work/shared/data")
-    scene = os.environ.get("SCENE", str(Path(data) / "thermos"))
+    scene = os.environ.get("SCENE", str(data_dir() / "thermos"))
     builtin = scene == "builtin"  # the trainer's synthetic scene: FAKE_GSPLAT's plumbing only
     if builtin and not fake:
         sys.exit("bench_step_vs_gsplat.py: SCENE=builtin is for FAKE_GSPLAT=1 only (gsplat's trainer reads COLMAP)")

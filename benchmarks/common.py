@@ -14,6 +14,8 @@ from typing import Any, Dict
 
 import torch
 
+from benchmarks.paths import neutral
+
 # BENCH_RESULTS: another folder (the tests' plumbing runs write there, not into the record)
 RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
@@ -59,7 +61,8 @@ def git_commit() -> str:
 
 
 def write_result(name: str, payload: Dict[str, Any]) -> Path:
-    """Writes benchmarks/results/<name>.json with the run's context and returns the path."""
+    """Writes benchmarks/results/<name>.json with the run's context and returns the path; the
+    machine's folders in it are written as placeholders (paths.neutral)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {
         "benchmark": name,
@@ -70,7 +73,7 @@ def write_result(name: str, payload: Dict[str, Any]) -> Path:
         **payload,
     }
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    path.write_text(json.dumps(neutral(record), indent=2) + "\n")
     return path
 
 

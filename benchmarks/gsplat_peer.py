@@ -24,14 +24,14 @@ This driver changes none of those files; at runtime, before gsplat's `__main__` 
    trainers run the same schedule; the result is gsplat_peer_<strategy>_reset.json. Without
    it the peer is gsplat exactly as released (gsplat_peer_<strategy>.json).
 
-Usage (device, repo root, after installing .whl; see scripts/prepare_gsplat_peer.sh):
+Usage (GPU machine, repo root, after installing .whl; see scripts/prepare_gsplat_peer.sh):
     python3 benchmarks/gsplat_peer.py default --data_dir .gpu_data/thermos --data_factor 1 \
         --max_steps 7000 --eval_steps 7000 --save_steps 7000 --disable_viewer --result_dir /tmp/peer_default
 Everything after the script name is gsplat's simple_trainer CLI, unchanged. Both strategies in
-one device call, carry [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"] (scripts/gpu_prepare.sh
-makes them): install the wheels as scripts/gpu_validate.sh does, export PYTHONPATH=/tmp/site:$PWD,
+one GPU session, with .whl .gpu_data .gsplat_ext .gsplat_peer copied beside the repo (scripts/gpu_prepare.sh
+makes them): install the wheels as scripts/gpu_setup.sh does, export PYTHONPATH=/tmp/site:$PWD,
 then `for s in default mcmc; do python3 benchmarks/gsplat_peer.py $s ... --result_dir /tmp/peer_$s; done`
-and copy benchmarks/results/gsplat_peer_*.json to $OUT. Environment:
+and keep benchmarks/results/gsplat_peer_*.json. Environment:
 GSPLAT_PEER (the peer folder, default <repo>/.gsplat_peer), DISTSPLAT_GSPLAT_EXT (default
 <repo>/.gsplat_ext), DISTSPLAT_COMMIT (else .gpu_data/COMMIT, else git), PEER_DRY_RUN=1 (no
 CUDA: set everything up, parse the arguments, build gsplat's Parser and Datasets, load one

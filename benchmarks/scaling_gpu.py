@@ -65,7 +65,7 @@ the same shell does not leak in), SCALING_ORDER_SEED (0: the configurations' shu
 TIME_LIMIT_S (200: past it, no W > 1 configuration starts; W = 1 ones still do), REPLICAS (8:
 copies of test_garden's points), SCENE (a COLMAP folder instead of the garden scene),
 DATA_FACTOR (1, with SCENE), DISTSPLAT_DATA (the folder with
-test_garden.npz; default /work/shared/data), SCALING_SELF_CHECK=1 (each rank also runs the same
+test_garden.npz; default benchmarks/paths.py's data_dir()), SCALING_SELF_CHECK=1 (each rank also runs the same
 steps by Trainer.train_step alone and says whether it ends with the same parameters: a CPU
 check, as CUDA kernels need not repeat bit for bit). Runs on a CPU too (the torch backend, gloo:
 the plumbing; its numbers are no GPU prediction). Writes benchmarks/results/scaling_gpu.json
@@ -91,6 +91,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import step_ranges as sr  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 from benchmarks.scaling_model import COUNT_COLUMNS, makespan, speedup  # noqa: E402
 
 T_START = time.perf_counter()
@@ -187,8 +188,7 @@ def env_list(name: str, default: str) -> List[int]:
 
 
 def garden_path() -> Path:
-    folder = Path(os.environ.get("DISTSPLAT_DATA", "/work/shared/data"))
-    path = folder / "test_garden.npz"
+    path = data_dir() / "test_garden.npz"
     if not path.exists():
         raise SystemExit(f"scaling_gpu: {path} not found; set DISTSPLAT_DATA to the folder holding "
                          "test_garden.npz (gsplat's assets/test_garden.npz)")

@@ -28,6 +28,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.paths import neutral  # noqa: E402  (no torch import)
+
 # The module name ext.cpp's PYBIND11_MODULE gets; gsplat's JIT uses the same.
 EXT_NAME = "gsplat_cuda"
 
@@ -46,14 +49,6 @@ SOURCE_EDITS: list[tuple[str, str, str, str]] = []
 
 # Libraries torch's JIT links a CUDA extension against (cpp_extension._prepare_ldflags).
 TORCH_LIBS = ["c10", "c10_cuda", "torch_cpu", "torch_cuda", "torch", "torch_python"]
-
-# Searched when the .so is loaded without torch imported first (torch's own extensions
-# rely on torch being imported first; these only make a stray direct load work on the
-# device image, whose torch lives in /opt/torch/.venv).
-DEVICE_RPATHS = [
-    "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib",
-    "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib",
-]
 
 
 def sh(cmd: list[str], cwd: Path | None = None) -> tuple[int, str, float]:
@@ -112,6 +107,7 @@ def main() -> int:
     ap.add_argument("--arch", default="90", help="compute capability without the dot")
     ap.add_argument("--command", default="", help="the command line that ran the build (recorded)")
     ap.add_argument("--repo", type=Path, default=Path.cwd())
+    ap.add_argument("--rpath", default="", help="colon-separated RUNPATH of the module (default none)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="files compiled at once (default: the CPU count; nvcc takes ~1-3 GB each)")
     args = ap.parse_args()
@@ -198,10 +194,12 @@ def main() -> int:
         lib_dir = torch_dir / "lib"
         cuda_lib = args.cuda_home / ("lib64" if (args.cuda_home / "lib64").exists() else "lib")
         tmp_so = args.build_dir / so_name
-        rpath = ":".join(DEVICE_RPATHS)
+        # --rpath is searched when the .so is loaded without torch imported first (torch's own
+        # extensions rely on torch being imported first, as distsplat does): a stray direct load.
+        rpath = [f"-Wl,-rpath,{args.rpath}"] if args.rpath else []
         cmd = (["c++"] + [str(o) for o in objects] + ["-shared", f"-L{lib_dir}"]
-               + [f"-l{l}" for l in TORCH_LIBS] + [f"-L{cuda_lib}", "-lcudart",
-                                                   f"-Wl,-rpath,{rpath}", "-o", str(tmp_so)])
+               + [f"-l{l}" for l in TORCH_LIBS] + [f"-L{cuda_lib}", "-lcudart"] + rpath
+               + ["-o", str(tmp_so)])
         rc, log, secs = sh(cmd)
         if rc != 0:
             link = {"status": "failed", "errors": first_errors(log), "seconds": round(secs, 1)}
@@ -276,7 +274,9 @@ def main() -> int:
         if old.get("load_test", {}).get("sha256") == info.get("sha256") and link.get("status") == "linked":
             result["load_test"] = old["load_test"]
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    # The record names this machine's folders as placeholders ($DISTSPLAT_CACHE, $PY312, ...).
+    py312 = args.python_include.parent.parent  # <prefix>/include/python3.12
+    args.results.write_text(json.dumps(neutral(result, {str(py312): "$PY312"}), indent=2) + "\n")
     print(f"[build_gsplat_ext] {len(files) - len(failed)}/{len(files)} files compiled; link: {link['status']}")
     if link.get("status") == "linked":
         print(f"[build_gsplat_ext] {so_path} ({link['bytes'] / 2**20:.1f} MiB stripped)")

@@ -15,8 +15,11 @@
 #
 # Environment (defaults): DISTSPLAT_CACHE ($HOME/.cache/distsplat), TORCH_VERSION (2.11.0),
 # GSPLAT_VERSION (1.5.3), ARCH (90), CUDA_HOME (/usr/local/cuda),
-# PY312 (/root/.pyenv/versions/3.12.1), OUT_DIR (<repo>/.gsplat_ext), JOBS (nproc: files
-# compiled at once; one at a time took 48 min on 2 cores, gsplat_compile_sm90.json).
+# PY312 (a CPython 3.12 prefix, for its headers: that of the `python3.12` on PATH, e.g.
+# `pyenv prefix 3.12.1`), OUT_DIR (<repo>/.gsplat_ext), JOBS (nproc: files compiled at once; one
+# at a time took 48 min on 2 cores, gsplat_compile_sm90.json), RPATH (none: colon-separated
+# folders written into the module's RUNPATH, e.g. where the GPU machine's torch/lib lies, for a
+# load without `import torch` first; distsplat imports torch first and needs none).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +28,8 @@ TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 GSPLAT_VERSION="${GSPLAT_VERSION:-1.5.3}"
 ARCH="${ARCH:-90}"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-PY312="${PY312:-/root/.pyenv/versions/3.12.1}"
+py312_prefix() { command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; print(sys.base_prefix)' 2>/dev/null || true; }
+PY312="${PY312:-$(py312_prefix)}"
 OUT_DIR="${OUT_DIR:-$REPO_ROOT/.gsplat_ext}"
 PY_INCLUDE="$PY312/include/python3.12"
 PY=python3
@@ -33,14 +37,14 @@ PY=python3
 die() { echo "build_gsplat_ext.sh: $*" >&2; exit 1; }
 
 [ -x "$CUDA_HOME/bin/nvcc" ] || die "no nvcc at $CUDA_HOME/bin/nvcc; set CUDA_HOME to a CUDA 13 toolkit"
-[ -f "$PY_INCLUDE/Python.h" ] || die "no Python 3.12 headers at $PY_INCLUDE; set PY312 to a CPython 3.12 prefix"
+[ -f "$PY_INCLUDE/Python.h" ] || die "no Python 3.12 headers at '$PY_INCLUDE': set PY312 to a CPython 3.12 prefix (e.g. PY312=\$(pyenv prefix 3.12.1)), or put python3.12 on PATH"
 command -v unzip >/dev/null || die "unzip not found (apt-get install unzip)"
 
 mkdir -p "$CACHE/wheels"
 # One build at a time (gpu_prepare.sh may start one while another runs).
 exec 9>"$CACHE/build.lock"
 flock -n 9 || die "another build holds $CACHE/build.lock; wait for it"
-# Same platform tags as the device recipe (/work/.library/device/README.md).
+# The platform tags of a CPython 3.12 manylinux x86_64 machine (the GPU machine's).
 PIP_DL=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$CACHE/wheels")
@@ -86,4 +90,5 @@ exec nice -n 10 "$PY" "$REPO_ROOT/scripts/build_gsplat_ext.py" \
     --build-dir "$CACHE/build-gsplat-$GSPLAT_VERSION-torch$TORCH_VERSION-sm$ARCH" \
     --out "$OUT_DIR" --results "$REPO_ROOT/benchmarks/results/gsplat_compile_sm$ARCH.json" \
     --python-include "$PY_INCLUDE" --cuda-home "$CUDA_HOME" --arch "$ARCH" \
-    --command "scripts/build_gsplat_ext.sh${*:+ $*}" --repo "$REPO_ROOT" --jobs "${JOBS:-$(nproc)}"
+    --command "scripts/build_gsplat_ext.sh${*:+ $*}" --repo "$REPO_ROOT" --jobs "${JOBS:-$(nproc)}" \
+    ${RPATH:+--rpath "$RPATH"}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Prepares, on a machine WITHOUT a GPU, everything a lent GPU machine needs beside the repo
-# (it is bare at every start, has no internet, and receives only the repo plus the
-# git-ignored folders a call names, 64 MiB in all):
-#   .whl/         wheels the device image lacks (cp312, manylinux x86_64, --no-deps)
+# Prepares, on a machine WITHOUT a GPU, everything a GPU machine needs beside the repo for
+# scripts/gpu_validate.sh (ours is bare at every start, has no internet, and receives only the
+# repo plus the git-ignored folders copied with it, 64 MiB in all):
+#   .whl/         wheels the GPU machine's image lacks (cp312, manylinux x86_64, --no-deps)
 #   .gpu_data/    what the CUDA tests and GPU benchmarks read (test_garden.npz, thermos)
 #   .gsplat_ext/  gsplat's CUDA extension built ahead of time (scripts/build_gsplat_ext.sh)
 #   .gsplat_peer/ gsplat's own examples/simple_trainer.py + its deps, run as the peer reference by
@@ -12,35 +12,39 @@
 # --data_factor 1) or another piece the call needs missing. Idempotent: what is present and
 # current is kept.
 #
-#   bash scripts/gpu_prepare.sh                  # the whole preparation, then the carry check
-#   bash scripts/gpu_prepare.sh --check-sources  # only: are the public sources it builds from here?
+#   DISTSPLAT_DATA=/path/to/data bash scripts/gpu_prepare.sh   # the whole preparation, then the carry check
+#   bash scripts/gpu_prepare.sh --check-sources  # only: are the git sources .gsplat_peer is built from available?
 #   bash scripts/gpu_prepare.sh --check-carry    # only: the carry check of the folders as they are
 #
-# The public sources (stored GitHub snapshots, brought with the search tool's `fetch`, into
-# $MIRRORS/<owner>+<name>/): nerfstudio-project/gsplat, rmbrualla/pycolmap,
-# nerfstudio-project/nerfview, rahul-goel/fused-ssim (scripts/prepare_gsplat_peer.sh builds
-# .gsplat_peer from them); the wheels and torch come from PyPI. The whole preparation stops at
-# once, naming the `fetch` calls, when .gsplat_peer must be built and a snapshot is missing.
+# The data: DISTSPLAT_DATA, the folder holding test_garden.npz and thermos/ (default: shared/data
+# beside the repository checkout, as for the tests). The git sources of .gsplat_peer
+# (nerfstudio-project/gsplat, rmbrualla/pycolmap, nerfstudio-project/nerfview,
+# rahul-goel/fused-ssim at pinned commits) are fetched from GitHub, or read from local clones
+# named by GSPLAT_SRC, PYCOLMAP_SRC, NERFVIEW_SRC, FUSED_SSIM_SRC (scripts/prepare_gsplat_peer.sh);
+# the wheels and torch come from PyPI. The whole preparation stops at once, naming what is missing
+# and both ways to supply it, when .gsplat_peer must be built and a source is not available.
 #
-# On the device, one call (scripts/gpu_validate.sh's header has the checks and their budget):
-#   command "bash scripts/gpu_validate.sh", carry [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"],
-#   timeout_s 560
+# On the GPU machine, one command from the repository root, with the four folders copied beside
+# the repo (scripts/gpu_validate.sh's header has the checks and their budget):
+#   bash scripts/gpu_validate.sh     # copy [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"]; ~9 min
 #
-# Environment (defaults): SHARED_DATA (/work/shared/data), PY312 (/root/.pyenv/versions/3.12.1,
-# used to test the install), SKIP_INSTALL_TEST (0), LIMIT_MIB (64), MIRRORS (/work/.mirror),
-# NO_BUILD (0: build the extension when missing or stale), MAKE_TORCH312_SITE (1: install torch
-# 2.11.0+cu130 for Python 3.12 into the cache, ~2.6 GB once: the peer's fused-ssim build and the
-# extension's load test need it; 0: neither runs, and .gsplat_peer is not built).
+# Environment (defaults): DISTSPLAT_DATA (<repo>/../shared/data), PY312 (the prefix of the
+# `python3.12` on PATH, e.g. `pyenv prefix 3.12.1`; used to build and to test the install),
+# SKIP_INSTALL_TEST (0), LIMIT_MIB (64), GSPLAT_SRC / PYCOLMAP_SRC / NERFVIEW_SRC / FUSED_SSIM_SRC
+# (unset: fetched from GitHub), NO_BUILD (0: build the extension when missing or stale),
+# MAKE_TORCH312_SITE (1: install torch 2.11.0+cu130 for Python 3.12 into the cache, ~2.6 GB once:
+# the peer's fused-ssim build and the extension's load test need it; 0: neither runs, and
+# .gsplat_peer is not built).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
-SHARED_DATA="${SHARED_DATA:-/work/shared/data}"
-PY312="${PY312:-/root/.pyenv/versions/3.12.1}"
+DATA="${DISTSPLAT_DATA:-$(cd "$REPO_ROOT/.." && pwd)/shared/data}"
+py312_prefix() { command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; print(sys.base_prefix)' 2>/dev/null || true; }
+PY312="${PY312:-$(py312_prefix)}"
+export PY312
 LIMIT_MIB="${LIMIT_MIB:-64}"
-MIRRORS="${MIRRORS:-/work/.mirror}"
 CARRY=(.whl .gpu_data .gsplat_ext .gsplat_peer)
-SOURCES=(nerfstudio-project/gsplat rmbrualla/pycolmap nerfstudio-project/nerfview rahul-goel/fused-ssim)
 
 die() { echo "gpu_prepare.sh: $*" >&2; exit 1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
@@ -52,14 +56,6 @@ bytes_of() { # total bytes of the files under the given paths (missing ones coun
 tar_sizes() { awk '{ s += 512 + int(($1 + 511) / 512) * 512 } END { print s + 0 }'; }
 tar_bytes_of() { { find "$@" -type f -printf '%s\n' 2>/dev/null || true; } | tar_sizes; }
 
-# The stored snapshots prepare_gsplat_peer.sh builds .gsplat_peer from: the missing ones, as the
-# `fetch` calls that bring them.
-missing_sources() {
-    local s
-    for s in "${SOURCES[@]}"; do
-        [ -d "$MIRRORS/${s/\//+}/repo" ] || echo "fetch github:$s"
-    done
-}
 peer_current() {  # .gsplat_peer made by this prepare_gsplat_peer.sh (its own test of the same)
     local key
     key=$(sha256sum scripts/prepare_gsplat_peer.sh | cut -c1-16)
@@ -83,7 +79,7 @@ check_carry() {
                 [ -s ".gpu_data/thermos/$d/$n" ] || missing+=("$n")
             done <<< "$names"
             if [ ! -d ".gpu_data/thermos/$d" ]; then
-                problems+=("thermos' $([ $d = images ] && echo 'full-resolution images' || echo 'halved images') are not in the carry: .gpu_data/thermos/$d/ is missing (copy $SHARED_DATA/thermos/$d; the thermos $([ $d = images ] && echo 'trainings read them at --data_factor 1' || echo 'sync count reads them at --data_factor 2'))")
+                problems+=("thermos' $([ $d = images ] && echo 'full-resolution images' || echo 'halved images') are not in the carry: .gpu_data/thermos/$d/ is missing (copy $DATA/thermos/$d; the thermos $([ $d = images ] && echo 'trainings read them at --data_factor 1' || echo 'sync count reads them at --data_factor 2'))")
             elif [ ${#missing[@]} -gt 0 ]; then
                 problems+=("thermos' $d/ lacks ${#missing[@]} of the $total_names images train.txt and test.txt name (first: ${missing[0]})")
             fi
@@ -125,21 +121,18 @@ check_carry() {
 
 case "${1:-}" in
 --check-carry) check_carry; exit $? ;;
---check-sources)
-    miss=$(missing_sources)
-    if [ -n "$miss" ]; then echo "gpu_prepare.sh: missing stored snapshots in $MIRRORS; bring them with the search tool:"; echo "$miss" | sed 's/^/  /'; exit 1; fi
-    echo "== the public sources are here ($MIRRORS): ${SOURCES[*]}"; exit 0 ;;
+--check-sources) exec scripts/prepare_gsplat_peer.sh --check-sources ;;
 "") ;;
 *) die "unknown argument '$1' (none, --check-carry or --check-sources)" ;;
 esac
-# Fail fast, before any download: .gsplat_peer needs building and its sources are not here.
+# Fail fast, before any download: .gsplat_peer needs building and its sources are not available.
 if [ "${NO_BUILD:-0}" != 1 ] && [ "${MAKE_TORCH312_SITE:-1}" = 1 ] && ! peer_current; then
-    miss=$(missing_sources)
-    [ -z "$miss" ] || die "$(printf '.gsplat_peer must be built and stored snapshots are missing in %s; bring them first with the search tool:\n%s' "$MIRRORS" "$(echo "$miss" | sed 's/^/  /')")"
+    scripts/prepare_gsplat_peer.sh --check-sources >/dev/null \
+        || die ".gsplat_peer must be built and its sources are not available (above)"
 fi
 
 # ---------------------------------------------------------------------------------------
-# 1. Wheels. The device image (/work/.library/device/KINDS.md) has torch 2.11, numpy,
+# 1. Wheels. The GPU machine's image has torch 2.11, numpy,
 #    scipy, pillow, tqdm, rich, requests, imageio, jaxtyping, ninja, pytest, matplotlib.
 #    Missing: gsplat and what tyro, viser and plyfile need (checked with
 #    `unzip -p W '*/METADATA' | grep ^Requires-Dist`). Versions are the ones the CPU CI
@@ -184,14 +177,17 @@ done
 
 # ---------------------------------------------------------------------------------------
 # 2. Data: test_garden.npz (tests/cuda) and the thermos scene (GPU benchmarks).
-[ -f "$SHARED_DATA/test_garden.npz" ] || die "$SHARED_DATA/test_garden.npz not found; set SHARED_DATA"
-[ -d "$SHARED_DATA/thermos" ] || die "$SHARED_DATA/thermos not found; set SHARED_DATA"
-mkdir -p .gpu_data/thermos
-cp -u "$SHARED_DATA"/test_garden.* .gpu_data/
-# The full-resolution and halved images (--data_factor 1 and 2), the COLMAP model, the split lists.
-for p in images images_2 sparse train.txt test.txt SOURCE.md; do
-    cp -ru "$SHARED_DATA/thermos/$p" .gpu_data/thermos/
+for f in test_garden.npz thermos; do
+    [ -e "$DATA/$f" ] || die "$DATA/$f not found: set DISTSPLAT_DATA to the folder holding test_garden.npz and thermos/"
 done
+mkdir -p .gpu_data/thermos
+if [ "$(realpath "$DATA")" != "$(realpath .gpu_data)" ]; then  # (DISTSPLAT_DATA=.gpu_data: already there)
+    cp -u "$DATA"/test_garden.* .gpu_data/
+    # The full-resolution and halved images (--data_factor 1 and 2), the COLMAP model, the split lists.
+    for p in images images_2 sparse train.txt test.txt SOURCE.md; do
+        cp -ru "$DATA/thermos/$p" .gpu_data/thermos/
+    done
+fi
 # The commit the results will be credited to (scripts/gpu_validate.sh reads it; .git does
 # not travel). "-dirty" when the working tree has uncommitted changes.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD 2>/dev/null || echo -dirty)" > .gpu_data/COMMIT
@@ -230,16 +226,16 @@ fi
 #     (importing it needs no GPU), which the peer's fused-ssim build (3b) and the load test (5) use.
 torch_site="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/py312-torch-site"
 if [ "${MAKE_TORCH312_SITE:-1}" = 1 ] && [ "${NO_BUILD:-0}" != 1 ] && [ ! -d "$torch_site/torch" ] \
-   && [ -x "$PY312/bin/python3" ]; then
+   && [ -x "$PY312/bin/python3.12" ]; then
     echo "== installing torch==2.11.0 and its CUDA libraries for Python 3.12 into $torch_site (~2.6 GB)"
-    "$PY312/bin/python3" -m pip install -q --no-cache-dir --no-compile --target "$torch_site" torch==2.11.0 2>&1 \
+    "$PY312/bin/python3.12" -m pip install -q --no-cache-dir --no-compile --target "$torch_site" torch==2.11.0 2>&1 \
         | grep -v "^WARNING: Location\|WARNING: Running pip as\|pip version\|pip install --upgrade" || true
     [ -d "$torch_site/torch" ] || die "could not install torch==2.11.0 for Python 3.12 into $torch_site"
 fi
 
 # ---------------------------------------------------------------------------------------
 # 3b. gsplat's own trainer as the peer reference (issue 14), rebuilt when missing or stale
-#     (the script is idempotent; it needs the stored snapshots of gsplat, the pycolmap fork,
+#     (the script is idempotent; it needs the git sources of gsplat, the pycolmap fork,
 #     nerfview and fused-ssim, and the Python 3.12 torch site).
 if [ "${NO_BUILD:-0}" = 1 ]; then
     [ -f .gsplat_peer/BUILD.json ] || echo "== .gsplat_peer missing; NO_BUILD=1: not building (benchmarks/gsplat_peer.py cannot run)"
@@ -256,12 +252,12 @@ check_carry || exit 1
 
 # ---------------------------------------------------------------------------------------
 # 5. The device's install command, tried here with CPython 3.12 (everything but torch).
-# Stand-ins for what the device image already has (never carried), so that viser, tyro
+# Stand-ins for what the GPU machine's image already has (never carried), so that viser, tyro
 # and plyfile import here as they will there.
 STAND_INS=(numpy==2.4.6 rich==14.3.4 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.20.0 requests==2.34.2
            urllib3==2.7.0 idna==3.13 certifi==2026.5.20 charset-normalizer==3.4.7 imageio==2.38.1
            pillow==13.0.0 tqdm==4.70.1 jaxtyping==0.3.11 wadler-lindig==0.1.8)
-if [ "${SKIP_INSTALL_TEST:-0}" != 1 ] && [ -x "$PY312/bin/python3" ]; then
+if [ "${SKIP_INSTALL_TEST:-0}" != 1 ] && [ -x "$PY312/bin/python3.12" ]; then
     cache="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/device-stand-ins"
     mkdir -p "$cache"
     if [ ! -f "$cache/.done-${#STAND_INS[@]}" ]; then
@@ -270,12 +266,12 @@ if [ "${SKIP_INSTALL_TEST:-0}" != 1 ] && [ -x "$PY312/bin/python3" ]; then
     fi
     site=$(mktemp -d /tmp/gpu_prepare_site.XXXXXX)
     quiet() { grep -v "^WARNING: Location\|WARNING: Running pip as\|pip version\|pip install --upgrade" || true; }
-    "$PY312/bin/python3" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    "$PY312/bin/python3.12" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
         "$cache"/*.whl 2>&1 | quiet
     # The device's own command, unchanged.
-    "$PY312/bin/python3" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    "$PY312/bin/python3.12" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$site" .whl/*.whl 2>&1 | quiet
-    PYTHONPATH="$site" "$PY312/bin/python3" -c "
+    PYTHONPATH="$site" "$PY312/bin/python3.12" -c "
 import tyro, viser, plyfile, trimesh, websockets, zstandard, msgspec
 print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version__, 'viser', viser.__version__,
       'plyfile trimesh websockets zstandard msgspec')" || die "the carried wheels do not import on Python 3.12"
@@ -283,9 +279,9 @@ print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version_
     # the prebuilt extension loads through distsplat's gsplat_ext as on the device
     # (scripts/load_test_gsplat_ext.py; recorded in benchmarks/results/gsplat_compile_sm90.json).
     if [ -d "$torch_site/torch" ] && [ -f .gsplat_ext/build_info.json ]; then
-        PYTHONPATH="$site:$torch_site:$REPO_ROOT" "$PY312/bin/python3" -c "import gsplat; print('   gsplat', gsplat.__version__, 'imports on Python 3.12')" \
+        PYTHONPATH="$site:$torch_site:$REPO_ROOT" "$PY312/bin/python3.12" -c "import gsplat; print('   gsplat', gsplat.__version__, 'imports on Python 3.12')" \
             || die "gsplat does not import on Python 3.12 from the carried wheels"
-        PYTHONPATH="$site:$torch_site:$REPO_ROOT" "$PY312/bin/python3" scripts/load_test_gsplat_ext.py --if-needed > /tmp/gpu_prepare_load_test.log 2>&1 \
+        PYTHONPATH="$site:$torch_site:$REPO_ROOT" "$PY312/bin/python3.12" scripts/load_test_gsplat_ext.py --if-needed > /tmp/gpu_prepare_load_test.log 2>&1 \
             && echo "   the prebuilt extension loads on Python 3.12 + torch 2.11.0+cu130: $(tail -n 1 /tmp/gpu_prepare_load_test.log | cut -c1-60)..." \
             || { cat /tmp/gpu_prepare_load_test.log; die "the prebuilt extension did not load (see above)"; }
     else
@@ -293,5 +289,5 @@ print('   imports on Python 3.12 from the carried wheels: tyro', tyro.__version_
     fi
     rm -rf "$site"
 fi
-echo "== ready. The device call (the tool's run): command \"bash scripts/gpu_validate.sh\","
-echo "   carry [\".whl\", \".gpu_data\", \".gsplat_ext\", \".gsplat_peer\"], timeout_s 560"
+echo "== ready. On the GPU machine, from the repository root with .whl .gpu_data .gsplat_ext .gsplat_peer"
+echo "   copied beside it: bash scripts/gpu_validate.sh (about 9 minutes)"

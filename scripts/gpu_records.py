@@ -27,6 +27,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.paths import neutral  # noqa: E402  (no torch import)
+
 TIME_GOAL, PSNR_GOAL_DB = 0.95, 0.1
 # distsplat/train/trainer.py logs this at --log_every steps and at the last one (stderr not a tty)
 STEP_LINE = re.compile(r"step (\d+)/(\d+): loss \S+, ([0-9.]+) steps/s")
@@ -68,7 +71,7 @@ def run_record(result_dir: str, out: str, wall: str, log: str, args: str) -> int
                           "train_seconds": "--max_steps / steps/s logged at the last step: the loop alone, "
                                            "no save, no eval (as gsplat's ellipse_time)"})
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(d, indent=2) + "\n")
+    Path(out).write_text(json.dumps(neutral(d), indent=2) + "\n")
     keys = ("step", "psnr", "ssim", "num_GS", "train_seconds", "elapsed", "peak_gpu_mem_gib", "launch_to_exit_s")
     print({k: (round(d[k], 3) if isinstance(d[k], float) else d[k]) for k in keys if k in d})
     return 0

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The GPU validation in ONE device call (issue 29). A GPU machine (one H100 or H200, torch
+# The GPU validation in ONE call on a GPU machine (issue 29). Ours (one H100 or H200, torch
 # 2.11.0+cu130, Python 3.12, nvcc 13.0, no internet, bare at every start) is lent for 15 minutes
-# of device time in all, its start, idle time and closing included: one prepared call of about
-# 9 minutes, and a short rerun at most. Prepare on the CPU machine (no device time):
-#     bash scripts/gpu_prepare.sh       # .whl/ .gpu_data/ .gsplat_ext/ .gsplat_peer/, then the carry check
-# then the one call, from the repository root (the device tool's `run`):
-#     command "bash scripts/gpu_validate.sh", carry [".whl", ".gpu_data", ".gsplat_ext", ".gsplat_peer"],
-#     timeout_s 560
-# A rerun of named checks on the still-warm machine (setup runs first, always):
+# in all, its start, idle time and closing included: one prepared call of about 9 minutes, and a
+# short rerun at most. Prepare on a machine without a GPU (scripts/gpu_prepare.sh's header):
+#     DISTSPLAT_DATA=/path/to/data bash scripts/gpu_prepare.sh   # .whl/ .gpu_data/ .gsplat_ext/ .gsplat_peer/, then the carry check
+# then, on the GPU machine, with those four folders copied beside the repository, from its root
+# (a limit of about 560 s on the command leaves room for the archives):
+#     bash scripts/gpu_validate.sh
+# A rerun of named checks on the same machine (setup runs first, always):
 #     bash scripts/gpu_validate.sh tests,syncs
 # `bash scripts/gpu_validate.sh --budget` prints the table below from the code.
 #

@@ -2,10 +2,10 @@
 # Rebuilds .gsplat_peer/ (git-ignored, never committed): gsplat 1.5.3's own
 # examples/simple_trainer.py and what it imports that the GPU machine lacks, so that
 # benchmarks/gsplat_peer.py can run it there as the PEER reference (issue 14). Made on a
-# machine WITHOUT a GPU, from the stored GitHub snapshots (search tool `fetch`):
+# machine WITHOUT a GPU, from the public sources at the pins below:
 #   examples/   gsplat v1.5.3: simple_trainer.py utils.py gsplat_viewer.py datasets/{colmap,normalize,traj}.py
 #   site/pycolmap   rmbrualla/pycolmap @ cc7ea4b (examples/requirements.txt's pin), pure Python;
-#                   ONE edit for numpy >= 2 (the device has numpy 2.5): `np.uint64(-1)` raises
+#                   ONE edit for numpy >= 2 (the GPU machine has numpy 2.5): `np.uint64(-1)` raises
 #                   OverflowError there; it becomes np.uint64(np.iinfo(np.uint64).max), the
 #                   value numpy 1 wrapped -1 to
 #   site/nerfview   nerfstudio-project/nerfview @ 4538024 (the pin), pure Python
@@ -16,16 +16,30 @@
 #   BUILD.json      origins, commits, edits, sha256 of every file
 # Idempotent: nothing is rebuilt when BUILD.json matches this script and the pins.
 #
-# Environment (defaults): OUT_DIR (<repo>/.gsplat_peer), MIRRORS (/work/.mirror),
-# PY312 (/root/.pyenv/versions/3.12.1), TORCH_SITE ($HOME/.cache/distsplat/py312-torch-site),
-# CUDA_HOME (/usr/local/cuda), FORCE (0).
+# Where the four git sources come from, for each: a local git repository you name (a clone,
+# bare or not, holding the pinned commit: GSPLAT_SRC, PYCOLMAP_SRC, NERFVIEW_SRC, FUSED_SSIM_SRC),
+# else the pinned commit alone is fetched from GitHub ($GITHUB/<owner>/<name>) into
+# $DISTSPLAT_CACHE/sources/ (once; later runs need no network). Offline and without the variable,
+# the script stops naming both ways. E.g. on a machine without internet:
+#   git clone https://github.com/nerfstudio-project/gsplat /data/src/gsplat    # where you have internet
+#   GSPLAT_SRC=/data/src/gsplat PYCOLMAP_SRC=... NERFVIEW_SRC=... FUSED_SSIM_SRC=... scripts/prepare_gsplat_peer.sh
+#
+#   scripts/prepare_gsplat_peer.sh                  # the build
+#   scripts/prepare_gsplat_peer.sh --check-sources  # only: resolve (fetch) the four sources, list every one missing
+#
+# Environment (defaults): OUT_DIR (<repo>/.gsplat_peer), GSPLAT_SRC / PYCOLMAP_SRC / NERFVIEW_SRC /
+# FUSED_SSIM_SRC (unset: fetched), GITHUB (https://github.com), DISTSPLAT_CACHE ($HOME/.cache/distsplat),
+# PY312 (the prefix of the `python3.12` on PATH; e.g. `pyenv prefix 3.12.1`),
+# TORCH_SITE ($DISTSPLAT_CACHE/py312-torch-site), CUDA_HOME (/usr/local/cuda), FORCE (0).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${OUT_DIR:-$REPO_ROOT/.gsplat_peer}"
-MIRRORS="${MIRRORS:-/work/.mirror}"
-PY312="${PY312:-/root/.pyenv/versions/3.12.1}"
-TORCH_SITE="${TORCH_SITE:-${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/py312-torch-site}"
+CACHE="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}"
+GITHUB="${GITHUB:-https://github.com}"
+py312_prefix() { command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; print(sys.base_prefix)' 2>/dev/null || true; }
+PY312="${PY312:-$(py312_prefix)}"
+TORCH_SITE="${TORCH_SITE:-$CACHE/py312-torch-site}"
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 
 GSPLAT_REF=v1.5.3
@@ -37,16 +51,46 @@ EXAMPLE_FILES=(examples/simple_trainer.py examples/utils.py examples/gsplat_view
                examples/datasets/colmap.py examples/datasets/normalize.py examples/datasets/traj.py)
 
 die() { echo "prepare_gsplat_peer.sh: $*" >&2; exit 1; }
-mirror() { # mirror owner+name -> its bare git directory
-    local d="$MIRRORS/$1/repo"
-    [ -d "$d" ] || die "no snapshot at $d: fetch it first (search tool: fetch github:${1/+//})"
+# source_git VAR OWNER/NAME REF: prints a git directory holding REF: $VAR when set (it must hold
+# REF), else a bare repository in the cache, REF fetched into it from GitHub when missing. On
+# failure: the reason, with both ways to supply the source, on stderr, and status 1.
+source_git() {
+    local var=$1 repo=$2 ref=$3 given=${!1:-} d spec
+    if [ -n "$given" ]; then
+        if git -C "$given" rev-parse -q --verify "$ref^{commit}" >/dev/null 2>&1; then echo "$given"; return 0; fi
+        echo "$var=$given is not a git repository holding $repo at $ref: name a clone of $GITHUB/$repo that has it, or unset $var to fetch it from there" >&2
+        return 1
+    fi
+    d="$CACHE/sources/${repo/\//+}.git"
+    if ! git -C "$d" rev-parse -q --verify "$ref^{commit}" >/dev/null 2>&1; then
+        mkdir -p "$CACHE/sources"
+        [ -d "$d" ] || git init -q --bare "$d"
+        spec="$ref:refs/pins/$ref"  # a commit: kept under a ref, so no gc drops it
+        [[ $ref =~ ^[0-9a-f]{40}$ ]] || spec="refs/tags/$ref:refs/tags/$ref"
+        if ! git -C "$d" fetch -q --depth 1 "$GITHUB/$repo" "$spec" >"$d/fetch.log" 2>&1 \
+           || ! git -C "$d" rev-parse -q --verify "$ref^{commit}" >/dev/null 2>&1; then
+            echo "$repo at $ref: could not fetch it from $GITHUB/$repo ($(grep -v '^$' "$d/fetch.log" | tail -n 1)); with no internet here, clone it where there is one and pass the clone: $var=/path/to/${repo#*/}" >&2
+            return 1
+        fi
+    fi
     echo "$d"
 }
-GSPLAT_GIT=$(mirror nerfstudio-project+gsplat)
-PYCOLMAP_GIT=$(mirror rmbrualla+pycolmap)
-NERFVIEW_GIT=$(mirror nerfstudio-project+nerfview)
-FUSED_SSIM_GIT=$(mirror rahul-goel+fused-ssim)
-[ -x "$PY312/bin/python3" ] || die "no CPython 3.12 at $PY312 (set PY312)"
+SOURCE_VARS=(GSPLAT_SRC PYCOLMAP_SRC NERFVIEW_SRC FUSED_SSIM_SRC)
+SOURCE_REPOS=(nerfstudio-project/gsplat rmbrualla/pycolmap nerfstudio-project/nerfview rahul-goel/fused-ssim)
+SOURCE_REFS=("$GSPLAT_REF" "$PYCOLMAP_REF" "$NERFVIEW_REF" "$FUSED_SSIM_REF")
+SOURCE_GITS=()
+problems=0
+for i in "${!SOURCE_VARS[@]}"; do
+    SOURCE_GITS+=("$(source_git "${SOURCE_VARS[$i]}" "${SOURCE_REPOS[$i]}" "${SOURCE_REFS[$i]}")") || problems=$((problems + 1))
+done
+[ "$problems" = 0 ] || die "$problems of the ${#SOURCE_VARS[@]} sources are not available (above)"
+GSPLAT_GIT=${SOURCE_GITS[0]} PYCOLMAP_GIT=${SOURCE_GITS[1]} NERFVIEW_GIT=${SOURCE_GITS[2]} FUSED_SSIM_GIT=${SOURCE_GITS[3]}
+if [ "${1:-}" = --check-sources ]; then
+    for i in "${!SOURCE_VARS[@]}"; do echo "== ${SOURCE_REPOS[$i]} @ ${SOURCE_REFS[$i]:0:12}: ${SOURCE_GITS[$i]}"; done
+    exit 0
+fi
+[ -z "${1:-}" ] || die "unknown argument '$1' (none or --check-sources)"
+[ -n "$PY312" ] && [ -x "$PY312/bin/python3.12" ] || die "no CPython 3.12 at '$PY312': set PY312 to its prefix (e.g. PY312=\$(pyenv prefix 3.12.1)), or put python3.12 on PATH"
 [ -d "$TORCH_SITE/torch" ] || die "no torch for Python 3.12 at $TORCH_SITE: run scripts/gpu_prepare.sh (MAKE_TORCH312_SITE=1, its default, makes it)"
 [ -x "$CUDA_HOME/bin/nvcc" ] || die "no nvcc at $CUDA_HOME/bin/nvcc (set CUDA_HOME)"
 
@@ -89,7 +133,7 @@ git -C "$NERFVIEW_GIT" archive "$NERFVIEW_REF" nerfview | tar -x -C "$NEW/site"
 
 # nerfview's render_panel imports splines (pure Python, needs numpy): the PyPI wheel.
 echo "== splines==$SPLINES_VERSION (PyPI wheel, nerfview imports it)"
-WHEELS="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/wheels"
+WHEELS="$CACHE/wheels"
 mkdir -p "$WHEELS"
 SPLINES_WHL=$(ls "$WHEELS"/splines-"$SPLINES_VERSION"-py3-none-any.whl 2>/dev/null | head -1 || true)
 if [ -z "$SPLINES_WHL" ]; then
@@ -101,7 +145,7 @@ unzip -q -o "$SPLINES_WHL" 'splines/*' -d "$NEW/site"
 
 echo "== fused-ssim @ ${FUSED_SSIM_REF:0:7}: building for sm_90 (CPython 3.12, torch from $TORCH_SITE)"
 # Built once per pin in the cache (the compile takes minutes here); the log stays beside it.
-SRC="${DISTSPLAT_CACHE:-$HOME/.cache/distsplat}/fused-ssim-${FUSED_SSIM_REF:0:7}-sm90"
+SRC="$CACHE/fused-ssim-${FUSED_SSIM_REF:0:7}-sm90"
 mkdir -p "$SRC"
 git -C "$FUSED_SSIM_GIT" archive "$FUSED_SSIM_REF" ssim.cu ssim.h ext.cpp fused_ssim LICENSE | tar -x -C "$SRC"
 # Upstream's setup.py with its nvcc flags; its arch detection (-arch=sm_XY of the GPU present,
@@ -120,7 +164,7 @@ setup(
     script_args=["build_ext", "--inplace"],
 )
 EOF
-[ -f "$SRC/.built" ] && ls "$SRC"/fused_ssim_cuda*.so >/dev/null 2>&1 || ( cd "$SRC" && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=1 PYTHONPATH="$TORCH_SITE" nice -n 10 "$PY312/bin/python3" build.py ) \
+[ -f "$SRC/.built" ] && ls "$SRC"/fused_ssim_cuda*.so >/dev/null 2>&1 || ( cd "$SRC" && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=1 PYTHONPATH="$TORCH_SITE" nice -n 10 "$PY312/bin/python3.12" build.py ) \
     > "$SRC/build.log" 2>&1 || { tail -n 40 "$SRC/build.log"; die "fused-ssim build failed"; }
 SO=$(ls "$SRC"/fused_ssim_cuda*.so | head -1)
 strip --strip-unneeded "$SO"
@@ -131,13 +175,13 @@ cp "$SRC/LICENSE" "$NEW/site/fused_ssim/LICENSE"
 ARCHS=$(grep -o "arch=compute_[0-9a-z]*,code=[a-z_0-9]*" "$SRC/build.log" | sort -u | tr '\n' ' ')
 [ "$ARCHS" = "arch=compute_90,code=sm_90 " ] || die "the fused-ssim build targeted '$ARCHS', not only sm_90 (see its nvcc line)"
 # Importing needs torch's libraries, not a GPU.
-PYTHONPATH="$NEW/site:$TORCH_SITE" "$PY312/bin/python3" -c "import fused_ssim, fused_ssim_cuda; print('   fused_ssim imports on Python 3.12:', fused_ssim_cuda.__file__.rsplit('/', 1)[-1])" \
+PYTHONPATH="$NEW/site:$TORCH_SITE" "$PY312/bin/python3.12" -c "import fused_ssim, fused_ssim_cuda; print('   fused_ssim imports on Python 3.12:', fused_ssim_cuda.__file__.rsplit('/', 1)[-1])" \
     || die "the built fused_ssim does not import"
 
 # Provenance.
 KEY="$KEY" GSPLAT_COMMIT="$GSPLAT_COMMIT" GSPLAT_REF="$GSPLAT_REF" PYCOLMAP_REF="$PYCOLMAP_REF" \
 NERFVIEW_REF="$NERFVIEW_REF" SPLINES_VERSION="$SPLINES_VERSION" FUSED_SSIM_REF="$FUSED_SSIM_REF" NVCC="$("$CUDA_HOME/bin/nvcc" --version | tail -1)" \
-TORCH_VERSION="$(PYTHONPATH="$TORCH_SITE" "$PY312/bin/python3" -c 'import torch; print(torch.__version__)')" \
+TORCH_VERSION="$(PYTHONPATH="$TORCH_SITE" "$PY312/bin/python3.12" -c 'import torch; print(torch.__version__)')" \
 python3 - "$NEW" <<'EOF'
 import datetime, hashlib, json, os, pathlib, sys
 root = pathlib.Path(sys.argv[1])

@@ -1,7 +1,11 @@
-"""Shared fixtures: CUDA tests are skipped without a GPU; real data is read from
-$DISTSPLAT_DATA, else ../shared/data next to the repository, else the repository's
-.gpu_data/ (what scripts/gpu_prepare.sh copies for the GPU machine, where ../shared does
-not travel), and tests skip with a reason when none exists.
+"""Shared fixtures: CUDA tests are skipped without a GPU; real data (test_garden.npz, the
+thermos capture) is read from the folder DISTSPLAT_DATA names, e.g.
+
+    DISTSPLAT_DATA=/path/to/data python -m pytest tests/unit
+
+else from `shared/data` beside the repository checkout, else the repository's .gpu_data/ (what
+scripts/gpu_prepare.sh copies for the GPU machine), and tests skip with a reason when none
+exists (benchmarks/paths.py's data_dir, which the benchmarks use too).
 
 DISTSPLAT_FAIL_ON_SKIP=1 turns every skip into a failure: a GPU validation whose tests
 skipped (no data, no GPU) must not look green.
@@ -17,20 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-_REPO = Path(__file__).resolve().parents[1]
+from benchmarks.paths import data_dir
+
 os.environ["DISTSPLAT_NO_DOWNLOAD"] = "1"  # distsplat.train.lpips.NO_DOWNLOAD_ENV
 
-
-def _find_data() -> Path:
-    if os.environ.get("DISTSPLAT_DATA"):
-        return Path(os.environ["DISTSPLAT_DATA"])
-    for candidate in (_REPO.parent / "shared" / "data", _REPO / ".gpu_data"):
-        if candidate.is_dir():
-            return candidate
-    return _REPO.parent / "shared" / "data"
-
-
-SHARED_DATA = _find_data()
+SHARED_DATA = data_dir()
 
 
 @pytest.hookimpl(hookwrapper=True)

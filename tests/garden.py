@@ -1,6 +1,6 @@
-"""The real point cloud of ../shared/data/test_garden.npz made into Gaussians the way
-gsplat's own tests do (crop to [-2, 2]^3, random scales in [1e-4, 0.02], random unit
-quaternions, random opacities, colours / 255)."""
+"""The real point cloud of $DISTSPLAT_DATA/test_garden.npz (tests/conftest.py) made into
+Gaussians the way gsplat's own tests do (crop to [-2, 2]^3, random scales in [1e-4, 0.02],
+random unit quaternions, random opacities, colours / 255)."""
 
 from pathlib import Path
 from typing import Dict, Optional

@@ -43,13 +43,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(REPO)]
 
+from benchmarks.paths import data_dir  # noqa: E402
 from distsplat.data.colmap import load_colmap  # noqa: E402
 from distsplat.data.colmap_io import CAMERA_MODELS  # noqa: E402
 from distsplat.data.errors import DataError  # noqa: E402
 
-THERMOS = REPO.parent / "shared" / "data" / "thermos"
-if not THERMOS.is_dir():
-    THERMOS = Path("/work/shared/data/thermos")
+THERMOS = data_dir() / "thermos"
 CRASHERS = HERE / "crashers" / "colmap_model"
 FILES = ("cameras.bin", "images.bin", "points3D.bin")
 CASE_SECONDS = 20  # a case running longer is a hang (an escape)

@@ -1,7 +1,7 @@
 """The COLMAP mutation fuzz in CI (issue 36; tests/fuzz/colmap_mutations.py is the long
 run): the mutations that once escaped the DataError contract on thermos are replayed, and
 a short seeded run over a generated capture (always) and over thermos (when
-../shared/data holds it) must end every case in a load or a DataError naming a file."""
+$DISTSPLAT_DATA holds it: tests/conftest.py) must end every case in a load or a DataError naming a file."""
 
 from __future__ import annotations
 

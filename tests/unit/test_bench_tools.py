@@ -1,10 +1,12 @@
 """The benchmark tools' own logic (benchmarks are not tests; these checks are): the
-summary table reads a trainer's stats dir, and the scaling model's arithmetic."""
+summary table reads a trainer's stats dir, the scaling model's arithmetic, and the results
+name no machine's folders."""
 
 import json
 
 import pytest
 
+from benchmarks import paths
 from benchmarks import scaling_model as sm
 from benchmarks import summarize
 
@@ -46,3 +48,19 @@ def test_scaling_model_arithmetic():
     t = sm.step_time([1.0, 2.0], [4.0, 2.0], [1.0, 1.0], exchange_s=0.5, compute_scale=2.0)
     assert t == pytest.approx(1.5 + 2.0 + 0.5)
     assert sm.speedup(1.0, 1.25, 4) == pytest.approx(3.2)
+
+
+def test_results_name_a_machines_folders_as_placeholders(tmp_path, monkeypatch):
+    data, cache, home = tmp_path / "captures", tmp_path / "cache", tmp_path / "home"
+    monkeypatch.setenv("DISTSPLAT_DATA", str(data))
+    monkeypatch.setenv("DISTSPLAT_CACHE", str(cache))
+    monkeypatch.setenv("HOME", str(home))
+    assert paths.data_dir() == data
+    repo = paths.REPO
+    record = {"command": f"python3 b.py --data_dir {data}/thermos --out {repo}/.gsplat_ext/m.so",
+              "flags": [f"-I{cache}/build/include", f"{home}/.cache/torch/hub", f"{home}x/kept"],
+              "n": 3, "extra": f"{tmp_path}/py/include"}
+    assert paths.neutral(record, {f"{tmp_path}/py": "$PY312"}) == {
+        "command": "python3 b.py --data_dir $DATA/thermos --out $REPO/.gsplat_ext/m.so",
+        "flags": ["-I$DISTSPLAT_CACHE/build/include", "$HOME/.cache/torch/hub", f"{home}x/kept"],
+        "n": 3, "extra": "$PY312/include"}

@@ -1,4 +1,5 @@
-"""The one device call of scripts/gpu_validate.sh, dry-run on the CPU, and gpu_prepare.sh's carry check.
+"""The one device call of scripts/gpu_validate.sh, dry-run on the CPU, and gpu_prepare.sh's carry
+and source checks.
 
 GPU_VALIDATE_DRY_RUN=1 answers every GPU command of the call with
 scripts/gpu_validate_fake_python.sh (it sleeps the check's expected time, scaled by
@@ -7,7 +8,8 @@ the call does around the commands is proven here: the checks' priority order, th
 hung check cut at its limit (and what it left running killed) while the rest still run, the
 DEADLINE_S cut-off, setup's fast failure, a JIT attempt failing its check, and $OUT holding at
 most 8 plain files (what the device returns) with the logs and results packed. The carry check
-(`gpu_prepare.sh --check-carry`) runs on fake carry trees in a throwaway git repository.
+(`gpu_prepare.sh --check-carry`) runs on fake carry trees in a throwaway git repository; the
+source check (`--check-sources`) against a local stand-in for GitHub.
 """
 
 from __future__ import annotations
@@ -189,6 +191,46 @@ def test_named_checks_rerun_and_a_jit_attempt_fails_its_check(tmp_path):
     assert rc == 1
     rc, _, _, out = dry_call(tmp_path, "tests,nonsense", scale=0.01)
     assert rc == 2 and "unknown check 'nonsense'" in out
+
+
+# ----------------------------------------------------------------------------- the peer's git sources
+
+SOURCE_VARS = ("GSPLAT_SRC", "PYCOLMAP_SRC", "NERFVIEW_SRC", "FUSED_SSIM_SRC")
+
+
+def check_sources(tmp: Path, github: str, **env: str) -> Tuple[int, str]:
+    """gpu_prepare.sh --check-sources (it runs prepare_gsplat_peer.sh's), GitHub replaced by `github`."""
+    full = {k: v for k, v in os.environ.items() if k not in SOURCE_VARS}
+    full.update(GITHUB=github, DISTSPLAT_CACHE=str(tmp / "cache"), GIT_TERMINAL_PROMPT="0", **env)
+    p = subprocess.run(["bash", str(PREPARE), "--check-sources"], capture_output=True, text=True, env=full,
+                       timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_sources_offline_and_unnamed_stop_naming_both_ways(tmp_path):
+    rc, out = check_sources(tmp_path, f"file://{tmp_path}/no-such-host")
+    assert rc == 1 and "4 of the 4 sources are not available" in out
+    for var, name in zip(SOURCE_VARS, ("gsplat", "pycolmap", "nerfview", "fused-ssim")):
+        assert f"could not fetch it from file://{tmp_path}/no-such-host/" in out and f"{var}=/path/to/{name}" in out
+
+
+def test_sources_fetched_by_tag_into_the_cache_or_read_from_a_named_clone(tmp_path):
+    # A stand-in for github.com/nerfstudio-project/gsplat with the pinned tag, and a named clone
+    # that lacks pycolmap's pinned commit.
+    upstream = tmp_path / "hub" / "nerfstudio-project" / "gsplat"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(upstream)]
+    upstream.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(upstream)], check=True)
+    (upstream / "README").write_text("gsplat\n")
+    subprocess.run(git + ["add", "README"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "v"], check=True)
+    subprocess.run(git + ["tag", "v1.5.3"], check=True)
+    rc, out = check_sources(tmp_path, f"file://{tmp_path}/hub", PYCOLMAP_SRC=str(upstream))
+    assert rc == 1 and "3 of the 4 sources are not available" in out, out
+    assert "nerfstudio-project/gsplat at v1.5.3" not in out  # fetched
+    assert (tmp_path / "cache" / "sources" / "nerfstudio-project+gsplat.git").is_dir()
+    assert f"PYCOLMAP_SRC={upstream} is not a git repository holding rmbrualla/pycolmap at cc7ea4b" in out
+    assert "NERFVIEW_SRC=/path/to/nerfview" in out and "FUSED_SSIM_SRC=/path/to/fused-ssim" in out
 
 
 # ----------------------------------------------------------------------------- the carry check

@@ -1,5 +1,5 @@
 """Our evaluation metrics against torchmetrics, what gsplat's simple_trainer reports with:
-PSNR and SSIM on real image pairs (thermos, ../shared/data), and the LPIPS network.
+PSNR and SSIM on real image pairs (thermos, $DISTSPLAT_DATA: tests/conftest.py), and the LPIPS network.
 
 LPIPS: no ImageNet backbone weights exist on CI machines (no internet, and torchvision
 does not install beside the CPU torch), so both networks get the same randomly initialised
@@ -21,15 +21,14 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.paths import data_dir
 from distsplat.train.losses import psnr, ssim, ssim_eval
 from distsplat.train.lpips import LPIPS, load_lpips
 
 tm = pytest.importorskip("torchmetrics")
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure  # noqa: E402
 
-THERMOS = Path(__file__).resolve().parents[3] / "shared" / "data" / "thermos"
-if not THERMOS.is_dir():
-    THERMOS = Path("/work/shared/data/thermos")
+THERMOS = data_dir() / "thermos"
 
 
 def image(folder: str, k: int) -> torch.Tensor:
@@ -56,7 +55,7 @@ def pairs():
     return [(a[50:200, 100:300], b[50:200, 100:300]) for a, b in out]
 
 
-@pytest.mark.skipif(not THERMOS.is_dir(), reason="needs ../shared/data/thermos")
+@pytest.mark.skipif(not THERMOS.is_dir(), reason="needs thermos in $DISTSPLAT_DATA (tests/conftest.py)")
 def test_psnr_and_ssim_match_torchmetrics_on_real_pairs():
     for a, b in pairs():
         ta, tb = a.permute(2, 0, 1)[None], b.permute(2, 0, 1)[None]  # [1, 3, H, W]
