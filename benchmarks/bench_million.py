@@ -27,7 +27,7 @@ $WS, with W rank processes at once (as torchrun would start them on one node):
     N=1000000 WS=2,4 nice -n 10 python benchmarks/bench_million.py
 
 Environment: N (images), SMALL (1000), WS ("2,4"), STEPS (40), CACHE (decoded up to 200k
-images, else compressed: the decoded 1M capture is 9.2 GB), WORK (a folder on /work),
+images, else compressed: the decoded 1M capture is 9.2 GB), WORK (a folder with room for the capture: 5 GB at a million images; default: beside the checkout),
 KEEP=1 keeps the generated data (a rerun reuses it and its generation/packing figures),
 DATA_ONLY=1 (with KEEP=1) only generates and packs, MEASURE=0 skips the per-rank measures, FILL=0 skips
 filling the cache with the whole share in them, EPOCHS (3; 0: none) epochs of the SMALL capture,

@@ -7,8 +7,9 @@ Model, per rank, each rank on its own core (the W = 2 measurements on 2 cores):
   (the model's table, poses, ownership, the trainer's camera tensors and digest), `b` the
   per-own-image work (the up-front check of a rank's own images and its cache set-up), `c0`
   the rest (launch, imports, the Gaussians, the first step). `b` comes from the per-rank
-  measures (check_s + cache_init_s per own image, 1M capture); `a` and `c0` from the two
-  measured starts (W = 2, 100k and 1M images, the later start: the model's binary copy read).
+  measures (check_s + cache_init_s per own image, 1M capture); `a` and `c0` from two starts
+  measured in the same run (W = 2: the 1,000-image capture's and the 1M capture's later
+  start, the model's binary copy read); the 100k capture's measured starts check the model.
 - memory per rank besides the image cache M(N) = m0 + beta N, from the per-rank resident
   memory after the table, index and ownership (100k and 1M); the image cache holds the
   rank's share of the dataset (dataset / W) at most, as measured (1.00x).
@@ -43,21 +44,29 @@ def later_start(result: dict, W: int) -> float:
 
 
 def fit(small: dict, big: dict) -> dict:
+    """The model's coefficients: time from the big capture's JSON alone (its later starts at
+    a million images and the 1,000-image capture's starts, measured in the same run, so under
+    the same load), memory from both captures (resident memory does not depend on the load).
+    The small capture's (100k) measured starts check the time model."""
     n1, n2 = small["N"], big["N"]
     own2 = per_rank(big, 2, "own")
     b = (per_rank(big, 2, "check_s") + per_rank(big, 2, "cache_init_s")) / own2  # s per own image
-    t1, t2 = later_start(small, 2), later_start(big, 2)
-    a = (t2 - t1 - b * (n2 - n1) / 2) / (n2 - n1)  # s per camera, every rank
-    c0 = t1 - a * n1 - b * n1 / 2
+    n0 = big["small"]  # the 1,000-image capture of the same run
+    t0 = min(r["time_to_first_step_s"] for r in big["training"] + [big.get("epochs", {})]
+             if r.get("images") == n0 and r.get("W") == 2 and r.get("time_to_first_step_s"))
+    t2 = later_start(big, 2)
+    a = (t2 - t0 - b * (n2 - n0) / 2) / (n2 - n0)  # s per camera, every rank
+    c0 = t0 - a * n0 - b * n0 / 2
     m1, m2 = per_rank(small, 2, "index_ownership_mb"), per_rank(big, 2, "index_ownership_mb")
     beta = (m2 - m1) / (n2 - n1) * 2**20  # bytes per camera, every rank
     m0 = m1 * 2**20 - beta * n1
-    parse = per_rank(big, 2, "parse_s") / n2
+    check = {str(W): {"measured_s": later_start(small, W),
+                      "model_s": c0 + a * n1 + b * n1 / W} for W in (2, 4) if any(r["W"] == W for r in small["start"])}
     return {"a_s_per_camera": a, "b_s_per_own_image": b, "c0_s": c0, "beta_bytes_per_camera": beta, "m0_bytes": m0,
-            "parse_s_per_camera": parse,
-            "measured": {"start_w2_s": {str(n1): t1, str(n2): t2}, "start_w4_s": {str(n1): later_start(small, 4),
-                                                                                  str(n2): later_start(big, 4)},
-                         "tables_mb_w2": {str(n1): m1, str(n2): m2}},
+            "parse_s_per_camera": per_rank(big, 2, "parse_s") / n2,
+            "measured": {"start_w2_s": {str(n0): t0, str(n2): t2}, "tables_mb_w2": {str(n1): m1, str(n2): m2},
+                         "load": {"big": big.get("load_before"), "small": small.get("load_before")}},
+            "check_at_100k": check,
             "sources": {str(n1): {"commit": small["commit"], "date": small["date"]},
                         str(n2): {"commit": big["commit"], "date": big["date"]}}}
 
