@@ -48,10 +48,10 @@ def sh_bases(dirs: Tensor, sh_degree: int, max_degree: int) -> Tensor:
     """dirs [M, 3] (unnormalised) -> [M, (max_degree+1)^2] real SH bases of the unit
     directions, the columns past `sh_degree` zero (gsplat's progressive SH degree). A zero
     direction gives only the constant basis (the PLY's bake)."""
-    from gsplat.cuda._torch_impl import _eval_sh_bases_fast  # deferred: torch maths, nothing compiled
+    from ..gsplat_compat import sh_bases_torch  # deferred: torch maths, nothing compiled
 
     k, k_max = (sh_degree + 1) ** 2, (max_degree + 1) ** 2
-    b = _eval_sh_bases_fast(k, F.normalize(dirs, dim=-1))  # [M, k]
+    b = sh_bases_torch(k, F.normalize(dirs, dim=-1))  # [M, k]
     return F.pad(b, (0, k_max - k))
 
 
