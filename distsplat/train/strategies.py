@@ -145,18 +145,18 @@ class DefaultStrategy(DefaultStrategyBase):
     def growth_candidates(self, params: Dict[str, torch.Tensor], state: Dict[str, Any], step: int) -> int:
         """Gaussians the next `grow` adds: one per duplicated Gaussian, one per split
         (two replace one), with gsplat's masks (a Gaussian may be both)."""
-        is_dupli, is_split = self.grow_masks(params, state, step)
-        return int((is_dupli.sum() + is_split.sum()).item())  # one host sync, refine steps only
+        return sum(_counts(*self.grow_masks(params, state, step)))
 
     @torch.no_grad()
     def grow(self, params, optimizers, state, step) -> Tuple[int, int]:
         """gsplat's growth (duplicate first, then split; duplicates are not split), with ids
-        and the split's samples drawn by id."""
-        if self.growth_check is not None and not self.growth_check(params, self.growth_candidates(params, state, step)):
+        and the split's samples drawn by id. The masks are computed once, their sizes read
+        in one host transfer, which `growth_check` is asked with."""
+        is_dupli, is_split = self.grow_masks(params, state, step)
+        n_dupli, n_split = _counts(is_dupli, is_split)
+        if self.growth_check is not None and not self.growth_check(params, n_dupli + n_split):
             return 0, 0
         ids_of(state, len(params["means"]), params["means"].device)  # a standalone state numbers its Gaussians now
-        is_dupli, is_split = self.grow_masks(params, state, step)
-        n_dupli, n_split = int(is_dupli.sum().item()), int(is_split.sum().item())
         if n_dupli > 0:
             duplicate_with_ids(params, optimizers, state, is_dupli, step)
         if n_split > 0:
@@ -164,6 +164,11 @@ class DefaultStrategy(DefaultStrategyBase):
             split_with_ids(params, optimizers, state, is_split, step, state.get("seed", 0),
                            revised_opacity=self.revised_opacity)
         return n_dupli, n_split
+
+
+def _counts(*masks: Tensor) -> Tuple[int, ...]:
+    """The sizes of [N] masks, in one host transfer (refine steps only)."""
+    return tuple(torch.stack([m.sum() for m in masks]).tolist())
 
 
 @dataclass
