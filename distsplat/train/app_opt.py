@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..distributed import all_reduce_sum
 from ..render.gather import gather_rows
+from ..transfer import to_device
 from .gaussians import adam_step, rgb_to_sh
 
 FEATURE_DIM = 32  # gsplat's feature_dim with --app_opt
@@ -107,8 +108,7 @@ class Appearance:
         table = None
         if cameras is not None:
             rows = self.row[cameras.cpu()]  # [C]
-            if self.embeds.device.type == "cuda":  # queued on the stream: no host sync in the step
-                rows = rows.pin_memory().to(self.embeds.device, non_blocking=True)
+            rows = to_device(rows, self.embeds.device)  # queued on a CUDA stream: no host sync in the step
             table = torch.cat([self.embeds, self.embeds.new_zeros(1, self.embed_dim)])[rows]  # [C, D]
 
         def colors(features: Tensor, dirs: Tensor, cams: Tensor) -> Tensor:  # [M, 35], [M, 3], [M]
