@@ -142,17 +142,17 @@ class Viewmats:
     def __getitem__(self, key) -> Tensor:
         import torch
 
+        from ..transfer import to_device
+
         if self.dense is not None:
-            if self.dense.is_cuda and isinstance(key, torch.Tensor) and not key.is_cuda:  # no host stall
-                key = key.pin_memory().to(self.dense.device, non_blocking=True)
+            if isinstance(key, torch.Tensor):  # no host stall
+                key = to_device(key, self.dense.device)
             return self.dense[key]
         inv = np.linalg.inv(np.asarray(self.camtoworlds[_np_index(key)], dtype=np.float64))  # [..., 4, 4]
         out = torch.from_numpy(inv.astype(np.float32))  # round to nearest, as torch's cast
         if self.dtype != torch.float32:
             out = out.to(self.dtype)
-        if self.device.type == "cuda":  # pinned and queued on the stream: no host stall per step
-            return out.pin_memory().to(self.device, non_blocking=True)
-        return out.to(self.device)
+        return to_device(out, self.device)  # pinned and queued on a CUDA stream: no host stall per step
 
     def __setitem__(self, key, value: Tensor) -> None:
         if self.dense is None:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..transfer import to_device
 from . import staging
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ def _all_reduce(x: Tensor, op: dist.ReduceOp, group: Optional[dist.ProcessGroup]
     if staging.staged(group):
         host = staging.to_host(x)
         dist.all_reduce(host, op=op, group=group)
-        return staging.to_device(host, x.device)
+        return to_device(host, x.device)
     out = x.detach().clone()
     dist.all_reduce(out, op=op, group=group)
     return out

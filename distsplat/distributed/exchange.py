@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..profiling import profiled
+from ..transfer import to_device
 from . import staging
 from .context import world_size
 
@@ -203,7 +204,7 @@ def _exchange_rows(x: Tensor, in_splits: List[int], out_splits: List[int],
     out = staging.host_empty(shape, x.dtype, x.device)
     dist.all_to_all_single(out, src, output_split_sizes=out_splits,
                            input_split_sizes=in_splits, group=group)
-    return staging.to_device(out, x.device)
+    return to_device(out, x.device)
 
 
 class _AllToAll(torch.autograd.Function):

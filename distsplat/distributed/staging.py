@@ -5,7 +5,7 @@ or DISTSPLAT_SHARED_GPU=1) runs W ranks on ONE GPU with a gloo group instead, fo
 correctness checks only (its speed means nothing). gloo reduces host memory, so every
 collective of this package stages its device tensor explicitly: device -> pinned host
 buffer (one sync: gloo reads the buffer on the CPU next), the gloo collective on the CPU,
-then host -> device with non_blocking=True (a pinned source needs no sync). Nothing here
+then host -> device by transfer.to_device (non_blocking from pinned memory: no sync). Nothing here
 relies on gloo's own CUDA support.
 
 The same code runs on CPU tensors, where the copies are plain host copies; the private
@@ -87,11 +87,3 @@ def to_host(x: Tensor) -> Tensor:
     host.copy_(x, non_blocking=True)
     torch.cuda.current_stream(x.device).synchronize()
     return host
-
-
-def to_device(host: Tensor, device: torch.device) -> Tensor:
-    """A host result back on `device`: asynchronous from pinned memory (the caching host
-    allocator keeps `host` alive until the copy has run); `host` itself on the CPU."""
-    if device.type == "cpu":
-        return host
-    return host.to(device, non_blocking=True)

@@ -43,7 +43,7 @@ def project(
     if N == 0 or C == 0:  # gsplat's projection kernels die on these (SIGFPE), not raise
         return _no_pairs(means, quats, scales, opacities, colors, C, N, D, packed)
     ensure_gsplat_ops()
-    from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
+    from gsplat import fully_fused_projection, spherical_harmonics
 
     out = fully_fused_projection(
         means, None, quats, scales, viewmats, Ks, width, height,
@@ -132,7 +132,7 @@ def rasterize_pairs(
     absgrad_sink: Optional[Tensor] = None,  # [M, 2] (absgrad.py)
 ) -> Tuple[Tensor, Tensor]:
     ensure_gsplat_ops()
-    from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles, rasterize_to_pixels
+    from gsplat import isect_offset_encode, isect_tiles, rasterize_to_pixels
 
     C, D = n_cameras, pairs.colors.shape[-1]
     ref = pairs.means2d

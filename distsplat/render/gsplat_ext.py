@@ -13,7 +13,8 @@ no CUDA toolkit is found. `ensure_gsplat_ops()` avoids all three:
    ranks find the build cached instead of compiling concurrently.
 3. If `_C` is still None, a RuntimeError says why and what to do.
 
-Only the render layer uses this; it imports nothing from distributed/ or train/.
+Only the render layer uses this; it imports nothing from distributed/ or train/. gsplat's
+`_backend` module itself is touched only through gsplat_compat (the seam of gsplat's internals).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ import os
 import shutil
 import sys
 import threading
-import types
 from pathlib import Path
 from typing import Any, Optional, Tuple
+
+from ..gsplat_compat import BACKEND_MODULE, backend_ops, install_backend, loaded_backend  # noqa: F401 (tests read BACKEND_MODULE here)
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "DISTSPLAT_GSPLAT_EXT"
-BACKEND_MODULE = "gsplat.cuda._backend"
 EXT_NAME = "gsplat_cuda"  # the PYBIND11_MODULE name gsplat's ext.cpp gets (TORCH_EXTENSION_NAME)
 BUILD_SCRIPT = "scripts/build_gsplat_ext.sh"
 
@@ -102,28 +103,12 @@ def _load_extension(path: Path) -> Any:
 
 
 def _install_backend(ext: Any, path: Path) -> None:
-    """Makes gsplat's `from ._backend import _C` return `ext`, without running gsplat's
-    _backend.py (whose import starts the JIT build)."""
-    existing = sys.modules.get(BACKEND_MODULE)
-    if existing is not None:
-        # gsplat's _backend already ran (and found no ops): its `_C` is read per call.
-        existing._C = ext
-        return
-    mod = types.ModuleType(BACKEND_MODULE, f"gsplat's CUDA ops, prebuilt by {BUILD_SCRIPT} ({path})")
-    mod._C = ext
-    mod.__file__ = str(path)
-    mod.__all__ = ["_C"]
-    sys.modules[BACKEND_MODULE] = mod
-    import gsplat.cuda  # does not import _backend (its ops are imported lazily)
-
-    gsplat.cuda._backend = mod
+    install_backend(ext, str(path), f"gsplat's CUDA ops, prebuilt by {BUILD_SCRIPT} ({path})")
 
 
 def _jit_backend() -> Any:
     """gsplat's own route: import _backend, which JIT-builds (or finds the cached build)."""
-    import gsplat.cuda._backend as backend
-
-    return backend._C
+    return backend_ops()
 
 
 def _why_no_toolkit() -> str:
@@ -157,7 +142,7 @@ def _fail(why: str) -> RuntimeError:
 
 
 def _obtain() -> str:
-    existing = sys.modules.get(BACKEND_MODULE)
+    existing = loaded_backend()
     if existing is not None and getattr(existing, "_C", None) is not None:
         return "already loaded"
     folder = os.environ.get(ENV_VAR)
@@ -205,9 +190,7 @@ def main() -> int:
     except RuntimeError as e:
         print(f"gsplat_ext: {e}", file=sys.stderr)
         return 1
-    import gsplat.cuda._backend as backend
-
-    ops = [n for n in dir(backend._C) if not n.startswith("_")]
+    ops = [n for n in dir(backend_ops()) if not n.startswith("_")]
     print(f"gsplat_ext: gsplat CUDA ops {how} ({len(ops)} names in {EXT_NAME})")
     return 0
 

@@ -83,12 +83,11 @@ def eval_sh_colors(
 ) -> Tensor:
     """View-dependent colour of each pair: SH at the camera->Gaussian direction, +0.5,
     clamped at 0 (gsplat's convention). Returns [M, 3]."""
-    # Deferred: gsplat's torch SH bases; importing gsplat.cuda never compiles anything.
-    from gsplat.cuda._torch_impl import _spherical_harmonics
+    from ..gsplat_compat import spherical_harmonics_torch  # gsplat's torch SH; nothing compiled
 
     campos = torch.linalg.inv(viewmats)[:, :3, 3]  # [C, 3]
     dirs = means[gaussian_ids] - campos[camera_ids]  # [M, 3]
-    colors = _spherical_harmonics(sh_degree, dirs, shs[gaussian_ids])
+    colors = spherical_harmonics_torch(sh_degree, dirs, shs[gaussian_ids])
     return torch.clamp_min(colors + 0.5, 0.0)
 
 

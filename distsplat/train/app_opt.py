@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..distributed import all_reduce_sum
 from ..render.gather import gather_rows
+from ..transfer import to_device
 from .gaussians import adam_step, rgb_to_sh
 
 FEATURE_DIM = 32  # gsplat's feature_dim with --app_opt
@@ -48,10 +49,10 @@ def sh_bases(dirs: Tensor, sh_degree: int, max_degree: int) -> Tensor:
     """dirs [M, 3] (unnormalised) -> [M, (max_degree+1)^2] real SH bases of the unit
     directions, the columns past `sh_degree` zero (gsplat's progressive SH degree). A zero
     direction gives only the constant basis (the PLY's bake)."""
-    from gsplat.cuda._torch_impl import _eval_sh_bases_fast  # deferred: torch maths, nothing compiled
+    from ..gsplat_compat import sh_bases_torch  # deferred: torch maths, nothing compiled
 
     k, k_max = (sh_degree + 1) ** 2, (max_degree + 1) ** 2
-    b = _eval_sh_bases_fast(k, F.normalize(dirs, dim=-1))  # [M, k]
+    b = sh_bases_torch(k, F.normalize(dirs, dim=-1))  # [M, k]
     return F.pad(b, (0, k_max - k))
 
 
@@ -107,8 +108,7 @@ class Appearance:
         table = None
         if cameras is not None:
             rows = self.row[cameras.cpu()]  # [C]
-            if self.embeds.device.type == "cuda":  # queued on the stream: no host sync in the step
-                rows = rows.pin_memory().to(self.embeds.device, non_blocking=True)
+            rows = to_device(rows, self.embeds.device)  # queued on a CUDA stream: no host sync in the step
             table = torch.cat([self.embeds, self.embeds.new_zeros(1, self.embed_dim)])[rows]  # [C, D]
 
         def colors(features: Tensor, dirs: Tensor, cams: Tensor) -> Tensor:  # [M, 35], [M, 3], [M]

@@ -167,15 +167,15 @@ def sh_rotation(R: np.ndarray, degree: int, samples: int = 64) -> np.ndarray:
     the bases at `samples` directions by least squares; the system is exact, so the
     solution is too (to float64 rounding). Coefficients c [K] of f(d) = Y(d) c become
     X c for g(d) = f(R d)."""
-    from gsplat.cuda._torch_impl import _eval_sh_bases_fast
+    from ..gsplat_compat import sh_bases_torch
 
     K = (degree + 1) ** 2
     gen = np.random.default_rng(0)
     d = gen.normal(size=(max(samples, 2 * K), 3))
     d /= np.linalg.norm(d, axis=1, keepdims=True)
     Rd = d @ np.asarray(R, dtype=np.float64).T
-    A = _eval_sh_bases_fast(K, torch.from_numpy(d)).numpy()  # [S, K]
-    B = _eval_sh_bases_fast(K, torch.from_numpy(Rd)).numpy()  # [S, K]
+    A = sh_bases_torch(K, torch.from_numpy(d)).numpy()  # [S, K]
+    B = sh_bases_torch(K, torch.from_numpy(Rd)).numpy()  # [S, K]
     X = np.zeros((K, K))
     for band in range(degree + 1):
         s = slice(band * band, (band + 1) ** 2)

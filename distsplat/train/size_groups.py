@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..data.loader import Batch
+from ..transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,7 @@ class SizeGroup:
         """`positions` on `device`, copied once per step and device (pinned and queued on CUDA:
         no host sync)."""
         if device not in self._on:
-            src = self.positions.pin_memory() if device.type == "cuda" else self.positions
-            self._on[device] = src.to(device, non_blocking=True)
+            self._on[device] = to_device(self.positions, device)
         return self._on[device]
 
     def select(self, x: Optional[Tensor]) -> Optional[Tensor]:

@@ -1,5 +1,7 @@
 """Densification strategies: gsplat's `DefaultStrategy` and `MCMCStrategy`, run by every
 rank on its own Gaussians (fed by the local means2d gradients of the distributed render).
+gsplat's private steps are reached only through gsplat_compat's bases, whose hooks
+(`update_state`, `grow`, `add_new`) the strategies below override.
 
 One repair: gsplat 1.5.3's DefaultStrategy tests `step % self.reset_every == 0 & step > 0`,
 which Python parses as the chained comparison `step % reset_every == (0 & step) > 0`, never
@@ -37,9 +39,9 @@ from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
-from gsplat.strategy import MCMCStrategy as GsplatMCMCStrategy
 from gsplat.strategy.ops import reset_opa
 
+from ..gsplat_compat import DefaultStrategyBase, MCMCStrategyBase
 from .gaussians import ADDED, RELOCATED, derive_ids
 from .strategy_ops import duplicate_with_ids, ids_of, split_with_ids
 
@@ -59,7 +61,7 @@ def reset_opacities_if_due(strategy: GsplatDefaultStrategy, params, optimizers, 
 
 
 @dataclass
-class DefaultStrategy(GsplatDefaultStrategy):
+class DefaultStrategy(DefaultStrategyBase):
     """gsplat's DefaultStrategy (clone, split, prune) with the opacity reset every
     `reset_every` steps (until `refine_stop_iter`) restored, and growth behind
     `growth_check`."""
@@ -89,7 +91,7 @@ class DefaultStrategy(GsplatDefaultStrategy):
     # This step's weight while step_post_backward runs (not a field: not a flag, not saved).
     _good: ClassVar[Optional[Tensor]] = None
 
-    def _update_state(self, params, state: Dict[str, Any], info: Dict[str, Any], packed: bool = False) -> None:
+    def update_state(self, params, state: Dict[str, Any], info: Dict[str, Any], packed: bool = False) -> None:
         """gsplat 1.5.3's running statistics (the screen-space gradient norm summed into
         grad2d [N], the views counted in count [N], the largest normalised radius in radii
         [N]), with the step's weight `_good`: a good step (1.0) adds exactly what gsplat
@@ -97,7 +99,7 @@ class DefaultStrategy(GsplatDefaultStrategy):
         multiplied). Without a weight: gsplat's own method."""
         good = self._good
         if good is None:
-            return super()._update_state(params, state, info, packed=packed)
+            return super().update_state(params, state, info, packed=packed)
         for key in ("width", "height", "n_cameras", "radii", "gaussian_ids", self.key_for_gradient):
             assert key in info, f"{key} is required but missing."
         means2d = info[self.key_for_gradient]
@@ -141,20 +143,20 @@ class DefaultStrategy(GsplatDefaultStrategy):
         return is_high & is_small, is_split
 
     def growth_candidates(self, params: Dict[str, torch.Tensor], state: Dict[str, Any], step: int) -> int:
-        """Gaussians the next `_grow_gs` adds: one per duplicated Gaussian, one per split
+        """Gaussians the next `grow` adds: one per duplicated Gaussian, one per split
         (two replace one), with gsplat's masks (a Gaussian may be both)."""
-        is_dupli, is_split = self.grow_masks(params, state, step)
-        return int((is_dupli.sum() + is_split.sum()).item())  # one host sync, refine steps only
+        return sum(_counts(*self.grow_masks(params, state, step)))
 
     @torch.no_grad()
-    def _grow_gs(self, params, optimizers, state, step) -> Tuple[int, int]:
+    def grow(self, params, optimizers, state, step) -> Tuple[int, int]:
         """gsplat's growth (duplicate first, then split; duplicates are not split), with ids
-        and the split's samples drawn by id."""
-        if self.growth_check is not None and not self.growth_check(params, self.growth_candidates(params, state, step)):
+        and the split's samples drawn by id. The masks are computed once, their sizes read
+        in one host transfer, which `growth_check` is asked with."""
+        is_dupli, is_split = self.grow_masks(params, state, step)
+        n_dupli, n_split = _counts(is_dupli, is_split)
+        if self.growth_check is not None and not self.growth_check(params, n_dupli + n_split):
             return 0, 0
         ids_of(state, len(params["means"]), params["means"].device)  # a standalone state numbers its Gaussians now
-        is_dupli, is_split = self.grow_masks(params, state, step)
-        n_dupli, n_split = int(is_dupli.sum().item()), int(is_split.sum().item())
         if n_dupli > 0:
             duplicate_with_ids(params, optimizers, state, is_dupli, step)
         if n_split > 0:
@@ -164,8 +166,13 @@ class DefaultStrategy(GsplatDefaultStrategy):
         return n_dupli, n_split
 
 
+def _counts(*masks: Tensor) -> Tuple[int, ...]:
+    """The sizes of [N] masks, in one host transfer (refine steps only)."""
+    return tuple(torch.stack([m.sum() for m in masks]).tolist())
+
+
 @dataclass
-class MCMCStrategy(GsplatMCMCStrategy):
+class MCMCStrategy(MCMCStrategyBase):
     """gsplat's MCMCStrategy (relocate, add up to `cap_max`, noise), with adding behind
     `growth_check`."""
 
@@ -188,7 +195,7 @@ class MCMCStrategy(GsplatMCMCStrategy):
         refine = self.refine_start_iter < step < self.refine_stop_iter and step % self.refine_every == 0
         if refine:
             ids = ids_of(state, len(params["means"]), params["means"].device)
-            dead = torch.sigmoid(params["opacities"].flatten()) <= self.min_opacity  # [N]
+            dead = self.dead_mask(params)  # [N]
         super().step_post_backward(params, optimizers, state, step, info, lr)
         if refine:
             ids = torch.where(dead, derive_ids(ids, step, RELOCATED), ids)
@@ -196,10 +203,8 @@ class MCMCStrategy(GsplatMCMCStrategy):
             state["uid"] = torch.cat([ids, derive_ids(ids[:n_new], step, ADDED)])
 
     @torch.no_grad()
-    def _add_new_gs(self, params, optimizers, binoms) -> int:
-        if self.growth_check is not None:
-            n = len(params["means"])
-            n_new = max(0, min(self.cap_max, int(1.05 * n)) - n)  # gsplat's rule
-            if not self.growth_check(params, n_new):
-                return 0
-        return super()._add_new_gs(params, optimizers, binoms)
+    def add_new(self, params, optimizers, binoms) -> int:
+        """gsplat's adding step, skipped when `growth_check` refuses its Gaussians."""
+        if self.growth_check is not None and not self.growth_check(params, self.n_to_add(len(params["means"]))):
+            return 0
+        return super().add_new(params, optimizers, binoms)

@@ -1,8 +1,8 @@
 """CPU paths for the two CUDA-only ops that gsplat's densification strategies call
 (`quat_scale_to_covar_preci` in MCMC's position noise, `compute_relocation` in MCMC's
 relocate/add), so `gsplat.strategy.DefaultStrategy` and `MCMCStrategy` run unchanged on
-CPU ranks. `install()` swaps the names gsplat.strategy.ops looks up for dispatchers:
-CUDA tensors still go to gsplat's kernels, others to the PyTorch versions here.
+CPU ranks. `install()` has gsplat_compat route those names by device: CUDA tensors still
+go to gsplat's kernels, others to the PyTorch versions here.
 
 Also the default strategy's two growth ops with persistent Gaussian ids (gaussians.py;
 used by strategies.DefaultStrategy): `duplicate_with_ids` (gsplat's duplicate, the copies
@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..gsplat_compat import quat_scale_to_covar_preci_torch, route_strategy_ops_by_device, update_param_with_optimizer
 from ..render.gsplat_backend import ensure_gsplat_ops
 from .gaussians import DUPLICATE, SPLIT_A, SPLIT_B, derive_ids, normal_samples
-
-_installed = False
 
 
 def relocation_torch(
@@ -59,15 +58,6 @@ def _binom_suffix_table(binoms_bytes: bytes, n_max: int) -> Tensor:
     return rows
 
 
-def _covar_preci_torch(
-    quats: Tensor, scales: Tensor, compute_covar: bool = True, compute_preci: bool = True,
-    triu: bool = False,
-) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    from gsplat.cuda._torch_impl import _quat_scale_to_covar_preci
-
-    return _quat_scale_to_covar_preci(quats, scales, compute_covar, compute_preci, triu)
-
-
 def ids_of(state: dict, n: int, device: Optional[torch.device] = None) -> Tensor:
     """The state's Gaussian ids [n]; a state without them (None or absent: a strategy used
     on its own, one process) numbers its n Gaussians 0..n-1, the W=1 initial ids."""
@@ -96,7 +86,6 @@ def split_with_ids(params, optimizers, state: dict, mask: Tensor, step: int, see
     zero Adam moments, appended after the kept rows (all first children, then all second).
     z comes from normal_samples(seed, step, id): a function of the Gaussian, not of the rank
     holding it. The children's ids are derived from (parent id, step, SPLIT_A / SPLIT_B)."""
-    from gsplat.strategy.ops import _update_param_with_optimizer
     from gsplat.utils import normalized_quat_to_rotmat
 
     ids = state["uid"]  # [N]
@@ -121,7 +110,7 @@ def split_with_ids(params, optimizers, state: dict, mask: Tensor, step: int, see
     def optimizer_fn(key: str, v: Tensor) -> Tensor:
         return torch.cat([v[rest], v.new_zeros((2 * len(sel), *v.shape[1:]))])
 
-    _update_param_with_optimizer(param_fn, optimizer_fn, params, optimizers)
+    update_param_with_optimizer(param_fn, optimizer_fn, params, optimizers)
     for k, v in state.items():
         if isinstance(v, Tensor) and k != "uid":
             state[k] = torch.cat([v[rest], v[sel].repeat([2] + [1] * (v.dim() - 1))])
@@ -130,26 +119,6 @@ def split_with_ids(params, optimizers, state: dict, mask: Tensor, step: int, see
 
 
 def install() -> None:
-    """Idempotent: make gsplat.strategy.ops fall back to PyTorch for non-CUDA tensors."""
-    global _installed
-    if _installed:
-        return
-    import gsplat.strategy.ops as ops
-
-    cuda_covar, cuda_relocation = ops.quat_scale_to_covar_preci, ops.compute_relocation
-
-    def quat_scale_to_covar_preci(quats, scales, *args, **kwargs):
-        if quats.is_cuda:
-            ensure_gsplat_ops()  # gsplat's kernels: prebuilt or built once, never by surprise
-        fn = cuda_covar if quats.is_cuda else _covar_preci_torch
-        return fn(quats, scales, *args, **kwargs)
-
-    def compute_relocation(opacities, scales, ratios, binoms):
-        if opacities.is_cuda:
-            ensure_gsplat_ops()
-        fn = cuda_relocation if opacities.is_cuda else relocation_torch
-        return fn(opacities, scales, ratios, binoms)
-
-    ops.quat_scale_to_covar_preci = quat_scale_to_covar_preci
-    ops.compute_relocation = compute_relocation
-    _installed = True
+    """Idempotent: make gsplat.strategy.ops fall back to PyTorch for non-CUDA tensors
+    (gsplat's kernels, when used, prebuilt or built once, never by surprise)."""
+    route_strategy_ops_by_device(quat_scale_to_covar_preci_torch, relocation_torch, ensure_gsplat_ops)

@@ -61,6 +61,7 @@ from .faults import DivergenceGuard, SaveGuard
 from .balance import Balancer, WorkMeter, interleave, pair_bounds
 from ..data.heap import TRIM_FROM, trim_heap
 from ..profiling import StepRanges
+from ..transfer import to_device
 from .scene_setup import agree_cameras, checks_own_images, load_scene, scene_scale
 from .size_groups import group_cameras, group_images, merge_meta, size_groups
 from .node_data import check_own_images
@@ -769,13 +770,3 @@ def set_rng_state(state: Optional[Dict[str, Tensor]], device: torch.device) -> N
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def to_device(x: Tensor, device: torch.device) -> Tensor:
-    """A small CPU tensor of the step (camera indices, owners, backgrounds) on `device`
-    without stalling the host: a pageable copy to CUDA blocks until it lands, a pinned
-    one with non_blocking=True is queued on the stream (torch's pinned-memory cache keeps
-    the buffer alive until the copy is done)."""
-    if device.type != "cuda" or x.device.type != "cpu":
-        return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
