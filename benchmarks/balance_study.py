@@ -50,7 +50,7 @@ Environment (defaults): SCENES, WS (4,2,8), BATCHES (1,4), BALANCED (0; 1 needs 
 until the window holds this many steps), THERMOS_FACTOR (8), GARDEN_FACTOR (8), GARDEN_REPLICAS (8),
 GARDEN_POINTS (all 138766), TRAIN_W (2),
 TRAIN_STEPS (800), WORK (/tmp/balance_study: the trained checkpoints and the garden capture,
-kept), NAME (balance_study). Entries are merged into benchmarks/results/$NAME.json by (scene, W,
+kept), NAME (balance_study). A run writes a new snapshot of $NAME holding the newest one's entries, merged by (scene, W,
 batch, balanced, trained_balanced): a rerun of one configuration replaces only its entry, each
 entry keeps its own commit, date and command. REPLICAS_CHECK=1 adds `replicas_check` (see
 replicas_check()); MERGE=a.json,b.json merges the entries of runs written elsewhere (BENCH_RESULTS:
@@ -72,7 +72,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import RESULTS, git_commit, write_result  # noqa: E402
+from benchmarks.common import RESULTS, git_commit, newest, write_result  # noqa: E402
 from benchmarks.paths import data_dir  # noqa: E402
 from benchmarks.procs import run_ranks  # noqa: E402
 
@@ -341,7 +341,7 @@ def replicas_check(work: Path) -> Dict[str, Any]:
 
 def gpu_prediction(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The step time the balancing saves on the GPU scaling model (benchmarks/scaling_model.py:
-    T = max_r(A_r + C_r) + max_r(B_r) + X): per W = 4 configuration of scaling_gpu.json (H100,
+    T = max_r(A_r + C_r) + max_r(B_r) + X): per W = 4 configuration of scaling_gpu_<device>_<date>.json (H100,
     the 1.11M garden), the pair-proportional stages' mean time per rank -- projection side
     (project, pack, project_bwd: pairs projected) and rasterization side (unpack, raster_fwd,
     raster_bwd: pairs rasterized) -- times the drop of the garden's mean over steps of max/mean
@@ -349,7 +349,7 @@ def gpu_prediction(entries: List[Dict[str, Any]]) -> Dict[str, Any]:
     are taken as proportional to their pairs, the rest (loss, Adam, exchange) as even."""
     import ast
 
-    path = RESULTS / "scaling_gpu.json"
+    path = newest("scaling_gpu", "gpu", RESULTS) or RESULTS / "scaling_gpu_<device>_<date>.json"  # the record, or a call's staging
     if not path.is_file():
         return {}
     gpu = json.loads(path.read_text())
@@ -447,7 +447,7 @@ def main() -> None:
     ws, batches = env_ints("WS", "4,2,8"), env_ints("BATCHES", "1,4")
     warm, min_steps = int(os.environ.get("WARM_EPOCHS", 1)), int(os.environ.get("MIN_STEPS", 8))
     name = os.environ.get("NAME", "balance_study")
-    path = RESULTS / f"{name}.json"
+    path = newest(name, folder=RESULTS) or RESULTS / f"{name}.json"  # a new snapshot starts from the newest's entries
     old = json.loads(path.read_text()) if path.is_file() else {}
     entries: List[Dict[str, Any]] = old.get("entries", [])
     trained: Dict[str, Dict[str, Any]] = old.get("trained", {})

@@ -169,8 +169,8 @@ def main() -> None:
             summary[f"{r['scene']}/{r['strategy']}/B{r['global_batch']}{e}"] = {
                 "psnr": round(r["psnr"], 3), "psnr_minus_batch1": round(r["psnr"] - ref["psnr"], 3),
                 "ssim": round(r["ssim"], 4), "num_GS": r["num_GS"]}
-    name = os.environ.get("NAME", "batch_quality_cpu")
-    write_result(name, {
+    name = os.environ.get("NAME", "batch_quality")
+    path = write_result(name, {
         "command": "python benchmarks/batch_quality.py" + "".join(
             f" {k}={shlex.quote(os.environ[k])}" for k in ("SCENES", "STRATEGIES", "BATCHES", "RULES", "IMAGES",
                                                            "EXTRA") if k in os.environ),
@@ -184,7 +184,7 @@ def main() -> None:
         "images": images, "eval_every": eval_every, "extra_flags": os.environ.get("EXTRA", ""),
         "summary": summary, "runs": runs,
     })
-    plot(runs, RESULTS / f"{name}.png")
+    plot(runs, path.with_suffix(".png"))  # beside its snapshot
     for k, v in summary.items():
         print(f"{k}: PSNR {v['psnr']:.3f} ({v['psnr_minus_batch1']:+.3f} vs batch 1), {v['num_GS']} Gaussians")
 

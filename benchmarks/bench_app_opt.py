@@ -129,7 +129,7 @@ def main() -> None:
             shutil.rmtree(f.name + ".run", ignore_errors=True)
             result["runs"][f"app_opt={app_opt}"] = json.loads(Path(f.name).read_text())
     result["load_avg_1min_after"] = round(os.getloadavg()[0], 2)
-    path = write_result(os.environ.get("NAME", "app_opt_cpu"), result)
+    path = write_result(os.environ.get("NAME", "app_opt"), result)
     a, b = result["runs"]["app_opt=False"], result["runs"]["app_opt=True"]
     print(f"test PSNR {a['test_psnr']:.2f} -> {b['test_psnr']:.2f}; train PSNR {a['train_psnr']:.2f} -> "
           f"{b['train_psnr']:.2f} (zero embedding {b['train_psnr_zero_embedding']:.2f}) -> {path}")

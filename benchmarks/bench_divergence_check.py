@@ -65,7 +65,7 @@ def main() -> None:
                   "grad_sums_ms_median": round(sums * 1e3, 3), "adam_step_ms_median": round(adam_step * 1e3, 3),
                   "note": "the check per step and the loop's lazy read of its flags (no wait on CUDA); "
                           "--max_bad_steps 0 removes both. all_reduce_and_read: the blocking read it replaced."}
-        path = write_result(f"divergence_check_{kind}", result)
+        path = write_result("divergence_check", {"device": kind, **result})
         print(f"divergence check: {check * 1e3:.3f} ms per step ({collective * 1e3:.3f} ms all-reduce + read, "
               f"{sums * 1e3:.3f} ms gradient sums; Adam's step {adam_step * 1e3:.1f} ms) at W={ctx.world_size}, {n} Gaussians per rank -> {path}")
     destroy(ctx)

@@ -226,7 +226,9 @@ def main() -> None:
         "gsplat_1_5_3_per_step": GSPLAT_153,
         "results": rows,
     }
-    path = ROOT / "benchmarks" / "results" / f"bench_exchange_{datetime.date.today().isoformat()}.json"
+    from benchmarks.results_index import result_path
+
+    path = result_path("exchange", f"cpu{os.cpu_count()}", out["date"])
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"bench_exchange: W=1..{max_w}, {rows[-1]['bytes_per_pair']} B/pair, "
           f"{rows[-1]['pairs_per_step']} pairs/step -> {path.relative_to(ROOT)}")

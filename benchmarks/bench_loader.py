@@ -242,7 +242,7 @@ def main() -> None:
         "consumer_wait": {"step_ms": STEP_MS, "batch": BATCH, "workers": 2, "prefetch": 4, **waits},
         "runtime_s": time.perf_counter() - t_start,
     }
-    path = write_result("loader_cpu", payload)
+    path = write_result("loader", payload)
     worst_wait = max(w["epoch1"]["mean_wait_over_step"] for w in waits.values())
     print(f"loader: {ours1 / raw:.2f}x raw Pillow per worker ({ours1:.0f} vs {raw:.0f} img/s), threads2 {best['threads_2']:.0f} "
           f"vs processes2 {best['processes_2']:.0f} img/s, decoded RSS W=4 {rss['decoded_W4']['max_rss_over_share']:.2f}x share, "

@@ -28,7 +28,7 @@ Scenes (SCENES, comma-separated): `builtin` (the trainer's scene without --data_
 `thermos` (../shared/data/thermos, DATA_FACTOR 4). Environment: SCENES (builtin,thermos),
 BATCHES (1,4), STEP_MS (10), STEP_MODES (sleep,busy), MIN_STEADY (300: steady-state steps at least), DATA_FACTOR (4).
 Writes benchmarks/results/loader_host_cpu.json (LABEL=x: loader_host_cpu_x.json) and
-prints one summary line. loader_host_cpu_before.json is the loader before issue 35's
+prints one summary line. archive/loader_host_cpu2_2026-11-26.json is the loader before issue 35's
 changes (commit 8c3fb79), run just before.
 """
 
@@ -175,7 +175,7 @@ def main() -> None:
         "step_ms_simulated": STEP_MS, "components": list(COMPONENTS),
         "load_average_at_start": load0, "runs": rows, "runtime_s": time.perf_counter() - t_start,
     }
-    path = write_result("loader_host_cpu" + (f"_{LABEL}" if LABEL else ""), payload)
+    path = write_result("loader_host" + (f"_{LABEL}" if LABEL else ""), payload)
     parts = [f"{r['scene']} b{r['batch_size']} {r['step_mode']} {r['steady_us']['total']['median']:.0f}/"
              f"{r['steady_us']['total']['p90']:.0f}" for r in rows]
     print(f"loader host us/step, steady median/p90: {', '.join(parts)} (at {STEP_MS:.0f} ms steps) -> {path}")

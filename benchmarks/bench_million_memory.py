@@ -184,7 +184,9 @@ def main() -> None:
         result["load_after"] = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        out = REPO / "benchmarks" / "results" / f"million_memory_{n}.json"
+        from benchmarks.results_index import result_path
+
+        out = result_path(f"million_memory_{n}", f"cpu{os.cpu_count()}", result["date"])
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"bench_million_memory N={n}: -> {out}")
 

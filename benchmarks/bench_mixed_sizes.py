@@ -17,8 +17,8 @@ random scene (N Gaussians), owners rank-major as the batcher's. Steps of the
 configurations are interleaved (round robin) so that the machine's load hits them alike;
 the median per configuration is reported.
 
-    NGAUSS=5000 STEPS=15 WORLD="1,2" python benchmarks/bench_mixed_sizes.py     # -> mixed_sizes_cpu.json
-    SCALE=2 NGAUSS=20000 STEPS=6 python benchmarks/bench_mixed_sizes.py        # -> mixed_sizes_cpu_x2.json
+    NGAUSS=5000 STEPS=15 WORLD="1,2" python benchmarks/bench_mixed_sizes.py     # -> mixed_sizes_<device>_<date>.json
+    SCALE=2 NGAUSS=20000 STEPS=6 python benchmarks/bench_mixed_sizes.py        # -> mixed_sizes_x2_<device>_<date>.json
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main() -> None:
         print(f"W={W}: " + ", ".join(f"{n} {v * 1e3:.1f} ms ({v / med['single']:.2f}x)" for n, v in med.items()))
     pixels = {n: sum(w * h for w, h in s) for n, s in CONFIGS.items()}
     pixels.update({p: 4 * max(w for w, _ in CONFIGS[m]) * max(h for _, h in CONFIGS[m]) for p, m in PADDED.items()})
-    path = write_result("mixed_sizes_cpu" + (f"_x{SCALE}" if SCALE != 1 else ""), {
+    path = write_result("mixed_sizes" + (f"_x{SCALE}" if SCALE != 1 else ""), {
         "what": "render + photometric loss + backward of one 4-camera batch, torch backend, gloo CPU ranks",
         "gaussians": n_all, "steps_timed": steps, "scale": SCALE, "batch_sizes_wh": CONFIGS,
         "padded_from": PADDED, "pixels_per_batch": pixels, "results": results,

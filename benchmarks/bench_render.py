@@ -121,7 +121,7 @@ def main() -> None:
         payload["tiled_speedup_vs_dense"] = runs["torch_dense_baseline"]["fwd_bwd_s"] / runs["torch"]["fwd_bwd_s"]
     if "gsplat" in runs:
         payload["gsplat_speedup_vs_torch"] = runs["torch"]["fwd_bwd_s"] / runs["gsplat"]["fwd_bwd_s"]
-    path = write_result(f"render_{device}", payload)
+    path = write_result("render", payload)
     summary = ", ".join(f"{k} fwd+bwd {v['fwd_bwd_s']:.3f}s" for k, v in runs.items())
     print(f"bench_render {device} N={n} {width}x{height} threads={threads}: {summary} "
           f"(pairs {runs[next(iter(runs))]['visible_pairs']}) -> {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")

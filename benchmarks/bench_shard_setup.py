@@ -99,7 +99,9 @@ def main() -> None:
         result["load_after"] = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = REPO / "benchmarks" / "results" / f"shard_setup_{n}.json"
+    from benchmarks.results_index import result_path
+
+    out = result_path(f"shard_setup_{n}", f"cpu{os.cpu_count()}", result["date"])
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(" | ".join(f"{r['flags'] or 'folder'}: load {r['load_s']:.1f} s + own check {r['own_check_s']:.1f} s, "
                      f"{r['images_touched']} images touched ({r['touched_not_own']} not own)" for r in result["runs"]))

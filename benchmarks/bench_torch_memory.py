@@ -141,7 +141,7 @@ def main() -> None:
             print(json.dumps(cli_runs[-1]), flush=True)
     from distsplat.render import torch_backend
 
-    path = write_result("torch_memory_cpu", {
+    path = write_result("torch_memory", {
         "what": "peak RSS of torch-backend training steps, compositing working memory bounded vs unbounded",
         "working_bytes": torch_backend.WORKING_BYTES, "bytes_per_element": torch_backend.BYTES_PER_ELEMENT,
         "scene": "built-in ball scene, its N points as the initial Gaussians, SH degree 3, batch 1",

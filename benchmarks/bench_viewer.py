@@ -228,7 +228,7 @@ def main() -> None:
     for mode, s in summary.items():
         s["overhead_vs_off"] = (s["step_ms_median"] / base - 1) if base else None
         s["cpu_overhead_vs_off"] = (s["cpu_ms_per_step_median"] / cpu_base - 1) if cpu_base else None
-    path = write_result("viewer_cpu", {
+    path = write_result("viewer", {
         "world_size": W, "steps": steps, "reps": reps, "num_gaussians": n,
         "viewer": {"budget": 0.03, "max_side": 512, "scene": "synthetic 64x48"},
         "summary": summary, "runs": runs,

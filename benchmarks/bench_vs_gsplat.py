@@ -17,7 +17,7 @@ per-Gaussian Python loop, not a baseline). What is compared on CPU:
                   (dense [C, N]) + `_spherical_harmonics`, forward + backward
     layers        ours_w1 (distributed_rasterize, one process) vs ours_render (rasterize),
                   torch backend: the cost of the distributed layer at W = 1 on CPU
-The full gsplat comparison is recorded as pending until a GPU run writes vs_gsplat_cuda.json.
+The full gsplat comparison is recorded as pending until a GPU run writes vs_gsplat_<gpu>_<date>.json.
 
 Environment: N (CPU 10000 / GPU 1000000), WIDTH, HEIGHT (CPU 128x128 / GPU 1297x840),
 CAMERAS (1), REPEATS (5), THREADS (CPU: 1). Writes benchmarks/results/vs_gsplat_<device>.json.
@@ -180,7 +180,7 @@ def main() -> None:
             ratios["ours_project_over_gsplat_torch_project" + tag] = (
                 runs["ours_project"][key] / runs["gsplat_torch_project"][key])
         status = ("GPU comparison PENDING (no GPU here): run `python benchmarks/bench_vs_gsplat.py` on a "
-                  "CUDA machine to write vs_gsplat_cuda.json")
+                  "CUDA machine to write vs_gsplat_<gpu>_<date>.json")
     import gsplat
 
     payload = {
@@ -196,7 +196,7 @@ def main() -> None:
                  "needs CUDA, so only its vectorized pure-torch projection is a CPU baseline "
                  "(dense over all C x N pairs; ours is packed)."),
     }
-    path = write_result(f"vs_gsplat_{device}", payload)
+    path = write_result("vs_gsplat", payload)
     print(f"bench_vs_gsplat {device} N={n} {width}x{height} C={cameras}: "
           + ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()) + f" ({status}) -> {path}")
 

@@ -15,6 +15,7 @@ from typing import Any, Dict
 import torch
 
 from benchmarks.paths import neutral
+from benchmarks.results_index import device_label, newest, result_path  # noqa: F401  (newest: for readers)
 
 # BENCH_RESULTS: another folder (the tests' plumbing runs write there, not into the record)
 RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
@@ -60,9 +61,16 @@ def git_commit() -> str:
         return "unknown"
 
 
+_WRITTEN: Dict[str, Path] = {}  # name -> this process's snapshot: a benchmark that saves as it goes rewrites its own
+
+
 def write_result(name: str, payload: Dict[str, Any]) -> Path:
-    """Writes benchmarks/results/<name>.json with the run's context and returns the path; the
-    machine's folders in it are written as placeholders (paths.neutral)."""
+    """Writes the run's snapshot with its context and returns the path: in the record
+    (benchmarks/results/) a new dated file, <name>_<device>_<date>.json (results_index), never an
+    older one; under $BENCH_RESULTS (one call's staging folder, which its own checks read)
+    <name>.json, dated by `python benchmarks/results_index.py file` when it joins the record.
+    `name` says what was measured, not the device. The machine's folders in it are written as
+    placeholders (paths.neutral)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {
         "benchmark": name,
@@ -72,7 +80,12 @@ def write_result(name: str, payload: Dict[str, Any]) -> Path:
         "machine": machine(),
         **payload,
     }
-    path = RESULTS / f"{name}.json"
+    if os.environ.get("BENCH_RESULTS"):
+        path = RESULTS / f"{name}.json"
+    else:
+        path = _WRITTEN.get(name) or result_path(
+            name, device_label(record["machine"], str(payload.get("device") or "")), record["date"], RESULTS)
+    _WRITTEN[name] = path
     path.write_text(json.dumps(neutral(record), indent=2) + "\n")
     return path
 

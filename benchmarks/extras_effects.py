@@ -148,7 +148,7 @@ def main() -> None:
         out["pose"] = {"scene": "builtin", "steps": steps, "pose_noise": noise, "pose_opt_lr": lr, "runs": runs}
         line.append("pose: PSNR " + ", ".join(f"{k} {v['psnr']:.2f}" for k, v in runs.items()))
     out["load_avg_1min_after"] = round(os.getloadavg()[0], 2)
-    path = write_result(os.environ.get("NAME", "extras_effects_cpu"), out)
+    path = write_result(os.environ.get("NAME", "extras_effects"), out)
     print("; ".join(line), "->", path)
 
 

@@ -1,18 +1,25 @@
 """benchmarks/RESULTS.md and benchmarks/results/scaling.png, generated from the JSON in
 benchmarks/results/ (nothing is measured here). Sections whose JSON is absent say so.
 
+A result is a dated snapshot (`<name>_<device>_<date>.json`, benchmarks/results_index.py): each
+section shows the newest of its name with its date, device and commit; results/archive/ (superseded
+snapshots) is listed, not shown. Whether a number still holds is not judged here: the claims that
+must keep holding are tests with golden values (tests/unit/test_claims.py).
+
     python benchmarks/make_report.py          # needs matplotlib for the plot: pip install -e ".[bench]"
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from benchmarks.results_index import ARCHIVE, parse, snapshots, newest  # noqa: E402
+
 RESULTS = HERE / "results"
 REPORT = HERE / "RESULTS.md"
 PLOT = RESULTS / "scaling.png"
@@ -20,106 +27,20 @@ PHASES = ("data", "project", "count_exchange", "pack", "payload_exchange", "rast
           "backward", "optimizer", "densification", "other")  # "pack": since the lean step (absent before)
 
 
-# What each result measures: the files whose change after the result's recorded commit
-# makes it STALE (its numbers may no longer describe the code). The benchmark's own script
-# is listed too: a new measurement method is a new result.
-STEP = ["distsplat/render", "distsplat/distributed", "distsplat/train/trainer.py",
-        "distsplat/train/losses.py", "distsplat/train/gaussians.py", "distsplat/train/strategies.py",
-        "distsplat/train/strategy_ops.py"]
-MEASURES: Dict[str, List[str]] = {
-    "cpu_smoke": ["distsplat", "examples/simple_trainer.py", "benchmarks/cpu_smoke.sh",
-                  "benchmarks/lib.sh", "benchmarks/summarize.py"],
-    "quickstart_cpu": ["distsplat", "examples/simple_trainer.py"],
-    "train_thermos_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/summarize.py"],
-    "step_breakdown_cpu": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
-    "step_breakdown_cuda": STEP + ["benchmarks/step_breakdown.py", "benchmarks/procs.py"],
-    "scaling_model": STEP + ["benchmarks/scaling_model.py", "benchmarks/procs.py"],
-    "scaling_gpu": STEP + ["distsplat/profiling.py", "benchmarks/scaling_gpu.py", "benchmarks/scaling_model.py",
-                           "benchmarks/step_ranges.py", "benchmarks/procs.py"],
-    "step_ops_cpu": STEP + ["distsplat/profiling.py", "benchmarks/step_ops.py", "benchmarks/procs.py"],
-    "step_ops_cpu_before": STEP + ["benchmarks/step_ops.py", "benchmarks/procs.py"],  # the step at 5da5cbf
-    "vs_gsplat_cpu": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
-    "vs_gsplat_cuda": ["distsplat/render", "distsplat/distributed", "benchmarks/bench_vs_gsplat.py"],
-    # step_vs_gsplat_cuda_<scene> (thermos, garden...), one per scene: found by this prefix
-    "step_vs_gsplat_cuda": ["distsplat", "benchmarks/bench_step_vs_gsplat.py", "benchmarks/step_ranges.py",
-                            "benchmarks/gsplat_peer.py", "scripts/prepare_gsplat_peer.sh"],
-    "render_cpu": ["distsplat/render", "benchmarks/bench_render.py"],
-    "loader_cpu": ["distsplat/data", "benchmarks/bench_loader.py"],
-    "bench_exchange": ["distsplat/distributed", "distsplat/render", "benchmarks/bench_exchange.py"],
-    "viewer_cpu": ["distsplat/viewer", "distsplat/train/trainer.py", "distsplat/distributed/render.py",
-                   "benchmarks/bench_viewer.py"],
-    "w_invariance_cpu": ["distsplat/render", "distsplat/distributed", "distsplat/train",
-                         "tests/distributed/trainer_workers.py", "benchmarks/readme_figures.py"],
-    "failure_timings_cpu": ["distsplat", "examples/simple_trainer.py", "tests/distributed/fault_trainer.py",
-                            "tests/distributed/torchrun_cli.py", "tests/distributed/test_rank_failure.py",
-                            "benchmarks/readme_figures.py"],
-    "cross_w_seeds_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
-    "gsplat_compile_sm90": ["scripts/build_gsplat_ext.sh", "scripts/build_gsplat_ext.py"],
-    "host_syncs_cuda": ["distsplat", "benchmarks/count_syncs.py", "benchmarks/step_ranges.py",
-                        "benchmarks/gsplat_peer.py"],
-    "mcmc_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
-    "default_world_sizes": ["distsplat", "examples/simple_trainer.py", "benchmarks/mcmc_world_sizes.py"],
-    "builtin_scenes_cpu": ["distsplat", "examples/simple_trainer.py", "benchmarks/readme_figures.py"],
-    "captures_cpu": ["distsplat", "examples/simple_trainer.py", "tests/distributed/test_captures.py",
-                     "tests/unit/data_helpers.py", "tests/unit/test_undistort.py"],
-    "extras_effects": ["distsplat", "benchmarks/extras_effects.py"],
-    "divergence_check_cpu": ["distsplat/train/faults.py", "benchmarks/bench_divergence_check.py"],
-    "fuzz_parsers": ["distsplat/data", "distsplat/train/checkpoint.py", "distsplat/viewer/model.py", "tests/fuzz"],
-    "fuzz_colmap": ["distsplat/data", "tests/fuzz/colmap_mutations.py"],
-    "gsplat_peer": ["benchmarks/gsplat_peer.py", "scripts/prepare_gsplat_peer.sh"],
-    "thermos_cuda": ["distsplat", "examples/simple_trainer.py", "scripts/gpu_validate.sh"],
-    "profile_gpu_cuda": ["distsplat", "benchmarks/profile_gpu.py", "benchmarks/step_ranges.py",
-                         "benchmarks/bench_step_vs_gsplat.py"],
-    "tests_cuda": ["distsplat", "tests/cuda", "tests/distributed/harness.py", "tests/distributed/staging_workers.py"],
-    "million_memory": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train",
-                       "benchmarks/bench_million.py", "benchmarks/bench_million_memory.py"],  # before "million"
-    "batch_quality_cpu": ["distsplat/train", "distsplat/render", "distsplat/distributed", "examples/simple_trainer.py",
-                          "benchmarks/batch_quality.py"],
-    "million": ["distsplat/data", "distsplat/distributed/batcher.py", "distsplat/train", "scripts/pack_shards.py",
-                "benchmarks/bench_million.py"],
-}
-
-
-def _git(*args: str) -> Optional[str]:
-    try:
-        p = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True)
-    except OSError:
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def staleness(name: str, d: Dict[str, Any]) -> Optional[str]:
-    """None when the result describes HEAD's code, else why not (a sentence)."""
-    paths = MEASURES.get(name) or next((v for k, v in MEASURES.items() if name.startswith(k + "_")), None)
-    if paths is None:
-        return "STALE: make_report.MEASURES does not say which files it measures"
-    commit = str(d.get("commit") or d.get("git_commit") or "")  # bench_exchange says git_commit
-    if not commit or commit == "unknown":
-        return "STALE: no commit recorded"
-    if commit.endswith("-dirty"):
-        return f"STALE: measured uncommitted changes on top of `{commit}`"
-    if _git("cat-file", "-e", f"{commit}^{{commit}}") is None:
-        return f"STALE: commit `{commit}` is not in this repository"
-    changed = _git("log", "--format=%h", f"{commit}..HEAD", "--", *paths)
-    if changed is None:
-        return "STALE: git could not compare it with HEAD"
-    if changed:
-        n = len(changed.splitlines())
-        return f"STALE: {n} commit(s) after `{commit}` changed what it measures ({', '.join(paths)})"
-    return None
-
-
-def load(name: str) -> Optional[Dict[str, Any]]:
-    path = RESULTS / f"{name}.json"
-    if not path.is_file():
+def load(name: str, device: Optional[str] = None, folder: Path = RESULTS) -> Optional[Dict[str, Any]]:
+    """The newest snapshot of `name` (on `device`: a label such as `cpu2`, or `cpu` / `gpu`),
+    with its file name under `_file`; None when there is none."""
+    path = newest(name, device, folder)
+    if path is None:
         return None
     d = json.loads(path.read_text())
-    d["_stale"] = staleness(name, d)
+    d["_file"] = path.relative_to(RESULTS).as_posix()
     return d
 
 
-def stale_mark(d: Optional[Dict[str, Any]]) -> str:
-    return f" **[{d['_stale'].split(':')[0]}]**" if d and d.get("_stale") else ""
+def src(d: Dict[str, Any]) -> str:
+    """The snapshot a number comes from, as the report names it."""
+    return f"`{d.get('_file') or str(d.get('benchmark', '?')) + '.json'}`"  # a record not read by load()
 
 
 def md_table(head: List[str], rows: List[List[Any]]) -> str:
@@ -136,13 +57,12 @@ def provenance(d: Dict[str, Any]) -> str:
             f"{m.get('host_cpu', '?')}, {m.get('cpu_count', '?')} cores, torch {m.get('torch', '?')}, "
             f"GPU: {m.get('gpu') or 'none'}"
             + (f"; load average at the end {load_avg[0]} / {load_avg[1]} / {load_avg[2]} (1/5/15 min)" if load_avg else "")
-            + "._ "
-            + (f"**{d['_stale']}.**" if d.get("_stale") else "Current: nothing it measures changed since."))
+            + f"; snapshot {src(d)}._")
 
 
 def section_smoke(d) -> str:
     if d is None:
-        return "## CPU smoke run\n\nNo `cpu_smoke.json` yet: `bash benchmarks/cpu_smoke.sh`.\n"
+        return "## CPU smoke run\n\nNo `cpu_smoke_*.json` yet: `bash benchmarks/cpu_smoke.sh`.\n"
     rows = []
     for r in d["runs"]:
         if not r["ok"]:
@@ -151,14 +71,14 @@ def section_smoke(d) -> str:
         rows.append([r["run"], r["step"], f"{r['psnr']:.2f}", f"{r['ssim']:.3f}", f"{r['train_s']:.0f}",
                      r["num_GS"], "/".join(str(x) for x in r["num_GS_per_rank"]),
                      "/".join(f"{x:.2f}" for x in r["mem_gb_per_rank"])])
-    return (f"## CPU smoke run (`cpu_smoke.sh`){stale_mark(d)}\n\n" + d.get("note", "") + "\n\n"
+    return (f"## CPU smoke run (`cpu_smoke.sh`)\n\n" + d.get("note", "") + "\n\n"
             + md_table(["run", "step", "PSNR", "SSIM", "train s", "num_GS", "GS/rank", "peak RSS GiB/rank"], rows)
             + "\n\n" + provenance(d) + "\n")
 
 
 def section_breakdown(d, device: str) -> str:
     if d is None:
-        return (f"## Step breakdown ({device})\n\nNo `step_breakdown_{device}.json` yet: "
+        return (f"## Step breakdown ({device})\n\nNo `step_breakdown_*.json` on a {device} yet: "
                 f"`{'DEVICE=cuda ' if device == 'cuda' else ''}python benchmarks/step_breakdown.py`.\n")
     rows = []
     for r in d["results"]:
@@ -168,7 +88,7 @@ def section_breakdown(d, device: str) -> str:
                     + [f"{r['reverse_exchange_ms_max_rank']:.1f}", r["collectives_per_step"],
                        r["host_reads_per_step"], f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f}"])
     scene = d["scene"]
-    return (f"## Step breakdown ({device}, `step_breakdown.py`){stale_mark(d)}\n\n"
+    return (f"## Step breakdown ({device}, `step_breakdown.py`)\n\n"
             f"Scene: {json.dumps(scene)}. Milliseconds per step; per phase the slowest rank's median; "
             "`plain` is the uninstrumented step. `rev. x` is the reverse all-to-all inside backward. "
             "Collectives and host reads are per step on rank 0; MB is sent to other ranks by all ranks.\n\n"
@@ -182,10 +102,10 @@ def section_breakdown(d, device: str) -> str:
             "one designed host sync.\n\n" + provenance(d) + "\n")
 
 
-def section_step_ops(after, before) -> str:
-    """What a training step dispatches (step_ops.py), the lean step against the step before it."""
+def section_step_ops(after, before=None) -> str:
+    """What a training step dispatches (step_ops.py); against an older snapshot when given one."""
     if after is None:
-        return "## What a training step dispatches\n\nNo `step_ops_cpu.json` yet: `python benchmarks/step_ops.py`.\n"
+        return "## What a training step dispatches\n\nNo `step_ops_*.json` yet: `python benchmarks/step_ops.py`.\n"
     rows = []
     for label, d in (("before", before), ("now", after)):
         if d is None:
@@ -202,22 +122,22 @@ def section_step_ops(after, before) -> str:
                 rows.append([label, scene, W, f"{out_ops('forward'):g}", f"{out_ops('backward'):g}",
                              f"{out_ops('update'):g}", plus, f"{sorts:g}", f"{f64:g}", f"{reads:g}",
                              f"{w['step_ms_median_max_rank']:.0f}"])
-    return ("## What a training step dispatches (`step_ops.py`)" + stale_mark(after) + "\n\n"
+    return ("## What a training step dispatches (`step_ops.py`)" + "\n\n"
             "Aten ops of one `Trainer.train_step` outside the CPU-only torch backend (the projection and "
             "rasterizer a GPU runs as a few gsplat kernels), per phase, on the busiest rank; `added` is what "
             "distribution adds to forward + backward against W = 1 with the same cameras per rank; sorts, "
             "float64 ops and host reads of tensor values outside the torch backend (the image loader's numpy "
             "view of its own pinned host buffer, a third of the steps here, is one: no device is read); the CPU step time "
-            "(slowest rank's median, ms; the CPU backend renders, so it says nothing about a GPU). `before` "
-            "is the step at 5da5cbf (`step_ops_cpu_before.json`).\n\n"
+            "(slowest rank's median, ms; the CPU backend renders, so it says nothing about a GPU)."
+            + (f" `before`: {src(before)} (commit `{before['commit']}`)." if before else "") + "\n\n"
             + md_table(["", "scene", "W", "forward", "backward", "update", "added", "sorts", "float64",
                         "host reads", "step ms"], rows) + "\n\n" + provenance(after) + "\n")
 
 
 def section_model(d) -> str:
     if d is None:
-        return "## Scaling model\n\nNo `scaling_model.json` yet: `python benchmarks/scaling_model.py`.\n"
-    out = [f"## Scaling model (`scaling_model.py`){stale_mark(d)}", "", d["note"], "",
+        return "## Scaling model\n\nNo `scaling_model_*.json` yet: `python benchmarks/scaling_model.py`.\n"
+    out = [f"## Scaling model (`scaling_model.py`)", "", d["note"], "",
            f"Model: `{d['model']['step']}`, `{d['model']['exchange']}`; {d['model']['makespan']}. "
            f"Batch: {d['batch']}.", "", "Assumptions:", ""]
     out += [f"- {a}" for a in d["assumptions"]]
@@ -276,7 +196,7 @@ def section_gsplat(cpu, gpu) -> str:
         if d is None:
             continue
         s = d["scene"]
-        out += [f"**{d['device']}**{stale_mark(d)} ({s['gaussians']} Gaussians, {s['width']}x{s['height']}, {s['cameras']} camera(s), "
+        out += [f"**{d['device']}** ({s['gaussians']} Gaussians, {s['width']}x{s['height']}, {s['cameras']} camera(s), "
                 f"SH {s['sh_degree']}): {d['status']}.", ""]
         out.append(md_table(["run", "fwd ms", "bwd ms", "fwd+bwd ms", "fwd+bwd CPU ms"],
                             [[k, f"{v['fwd_ms']:.1f}", f"{v['bwd_ms']:.1f}", f"{v['fwd_bwd_ms']:.1f}",
@@ -291,52 +211,57 @@ def section_gsplat(cpu, gpu) -> str:
 
 
 def model_runs(model) -> List[Dict[str, Any]]:
-    """Every recorded scaling-model run's headline (scaling_model_history.json + the current)."""
-    hist = load("scaling_model_history")
+    """Every recorded scaling-model run's headline (archive/scaling_model_history.json, then each
+    snapshot of scaling_model, archived or not)."""
+    path = RESULTS / ARCHIVE / "scaling_model_history.json"
+    hist = json.loads(path.read_text()) if path.is_file() else None
     runs = list(hist["runs"]) if hist else []
-    if model is not None and model["date"] not in {r["date"] for r in runs}:
-        last = model["results"][-1]
+    found = [json.loads(p.read_text()) for p in snapshots(RESULTS / ARCHIVE, "scaling_model") + snapshots(RESULTS, "scaling_model")]
+    for m in found + ([model] if model is not None else []):
+        if m["date"] in {r["date"] for r in runs}:
+            continue
+        last = m["results"][-1]
         g = last["gpu_prediction"]
-        runs.append({"date": model["date"], "commit": model["commit"], "gpu_factor": model["gpu_factor"],
+        runs.append({"date": m["date"], "commit": m["commit"], "gpu_factor": m["gpu_factor"],
                      "W": last["W"], "speedup_nvlink": g["speedup"]["nvlink"], "speedup_pcie4": g["speedup"]["pcie4"],
                      "speedup_compute_only": g["speedup_compute_only"],
-                     "load_avg_1_5_15min": model["machine"].get("load_avg_1_5_15min")})
+                     "load_avg_1_5_15min": m["machine"].get("load_avg_1_5_15min")})
     return runs
 
 
 def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
     """The measured numbers people ask for, each with where it comes from. The one model
-    prediction headlined is the GPU-timed scaling (scaling_gpu.json), labelled as such; the
+    prediction headlined is the GPU-timed scaling (scaling_gpu), labelled as such; the
     CPU-derived one lives in its own section below the measured tables."""
     out = ["## Headline (measured, except the line labelled a prediction)", ""]
     if quick is not None:
-        out.append(f"- README quick start (`quickstart_cpu.json`{stale_mark(quick)}): 2 CPU ranks, 600 steps, "
+        out.append(f"- README quick start ({src(quick)}, {quick['date'][:10]}): 2 CPU ranks, 600 steps, "
                    f"PSNR {quick['psnr']:.2f} dB, SSIM {quick['ssim']:.3f}, {quick['wall_s']:.0f} s launch to exit.")
     cap = []
     for strategy, ours, peer, _ in capture_runs():
         ps = peer["summary"]
         cap.append(f"`{strategy}` PSNR {ours['psnr']:.2f} vs {ps['psnr']:.2f} dB, training "
-                   f"{ours['elapsed']:.1f} vs {ps['train_seconds']:.1f} s{stale_mark(ours)}")
+                   f"{ours['elapsed']:.1f} vs {ps['train_seconds']:.1f} s")
     if cap:
         out.append("- thermos (946x532), 7000 steps on one GPU, distsplat W = 1 vs gsplat's own trainer in the "
                    "same call: " + "; ".join(cap) + ".")
     if vs_gpu is not None:
         out.append("- distsplat W = 1 / gsplat.rasterization (GPU, fwd+bwd): "
-                   + ", ".join(f"`{k}` {v:.3f}" for k, v in vs_gpu["ratios"].items()) + stale_mark(vs_gpu) + ".")
+                   + ", ".join(f"`{k}` {v:.3f}" for k, v in vs_gpu["ratios"].items()) + ".")
     else:
         out.append("- distsplat W = 1 / gsplat.rasterization on GPU: **pending** (no GPU run yet).")
     if vs_cpu is not None:
         r = vs_cpu["ratios"]
         out.append(f"- CPU: distributed layer at W = 1 vs the one-process render "
                    f"{r['ours_w1_over_ours_render_torch']:.3f}x; our torch projection vs gsplat's pure-torch "
-                   f"projection {r['ours_project_over_gsplat_torch_project']:.3f}x (fwd+bwd){stale_mark(vs_cpu)}.")
+                   f"projection {r['ours_project_over_gsplat_torch_project']:.3f}x (fwd+bwd).")
     if bd is not None and len(bd["results"]) > 1:
         r = bd["results"][-1]
         out.append(f"- Per step at W = {r['W']} (CPU): {r['collectives_per_step']} collectives "
                    f"({', '.join(r['collectives_per_step_by_phase'])}), "
                    f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f} MB sent by all ranks, "
                    f"{r['host_reads_per_step']} host reads of tensor values (by phase: "
-                   f"{', '.join(f'{k} {v}' for k, v in r['host_reads_per_step_by_phase'].items())}){stale_mark(bd)}.")
+                   f"{', '.join(f'{k} {v}' for k, v in r['host_reads_per_step_by_phase'].items())}).")
     if gpu_model is not None and gpu_rows(gpu_model):
         out.append("- " + gpu_headline(gpu_model))
     else:
@@ -346,13 +271,8 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
 
 
 def load_run(name: str) -> Optional[Dict[str, Any]]:
-    """A training record of scripts/gpu_validate.sh (results/runs/NAME.json)."""
-    path = RESULTS / "runs" / f"{name}.json"
-    if not path.is_file():
-        return None
-    d = json.loads(path.read_text())
-    d["_stale"] = staleness("thermos_cuda", d)
-    return d
+    """The newest training record of scripts/gpu_validate.sh named `name` (results/runs/)."""
+    return load(name, folder=RESULTS / "runs")
 
 
 def capture_runs() -> List[Any]:
@@ -371,11 +291,11 @@ def section_capture_gpu() -> Optional[str]:
     rows, lines = [], []
     for strategy, ours, peer, rerun in capture_runs():
         ps = peer["summary"]
-        rows.append([strategy, "distsplat W=1" + stale_mark(ours), f"{ours['psnr']:.2f}", f"{ours['ssim']:.4f}",
+        rows.append([strategy, "distsplat W=1", f"{ours['psnr']:.2f}", f"{ours['ssim']:.4f}",
                      ours["num_GS"], f"{ours['elapsed']:.1f}", f"{ours['peak_gpu_mem_gib']:.2f}", f"`{ours['commit'][:7]}`"])
         def peer_row(label: str, d: Dict[str, Any]) -> List[Any]:
             q = d["summary"]
-            return [strategy, label + stale_mark(d), f"{q['psnr']:.2f}", f"{q['ssim']:.4f}", q["num_GS"],
+            return [strategy, label, f"{q['psnr']:.2f}", f"{q['ssim']:.4f}", q["num_GS"],
                     f"{q['train_seconds']:.1f}", f"{q['peak_mem_allocated_GiB']:.2f}", "(peer)"]
 
         rows.append(peer_row("gsplat 1.5.3 simple_trainer", peer))
@@ -384,7 +304,7 @@ def section_capture_gpu() -> Optional[str]:
             fs = fixed["summary"]
             rows.append(peer_row("gsplat 1.5.3 simple_trainer, opacity reset repaired (PEER_RESET=1)", fixed))
         if rerun is not None:
-            rows.append([strategy, "distsplat W=1, re-run (another machine start)" + stale_mark(rerun),
+            rows.append([strategy, "distsplat W=1, re-run (another machine start)",
                          f"{rerun['psnr']:.2f}", f"{rerun['ssim']:.4f}", rerun["num_GS"], f"{rerun['elapsed']:.1f}",
                          f"{rerun['peak_gpu_mem_gib']:.2f}", f"`{rerun['commit'][:7]}`"])
         lines.append(f"- {strategy}: PSNR {ours['psnr'] - ps['psnr']:+.2f} dB against gsplat's trainer (goal: within "
@@ -412,14 +332,14 @@ def section_capture_gpu() -> Optional[str]:
     if prof is not None:
         t = prof["trainer"]
         out += [f"Data wait (host time inside the image loader's next() / step time, {prof['trainer'][next(iter(t))]['steps']} "
-                f"steps after warm-up, `profile_gpu.py`{stale_mark(prof)}; goal < 1% with `decoded` or `gpu`): "
+                f"steps after warm-up, `profile_gpu.py`; goal < 1% with `decoded` or `gpu`): "
                 + ", ".join(f"`{c}` {100 * r['data_wait_share']:.1f}% of {r['step_ms']:.1f} ms" for c, r in t.items())
                 + f" ({t[next(iter(t))]['gaussians']} Gaussians: early-training scene sizes, where the step is "
                 "bound by the host launching kernels).", ""]
     tests = load("tests_cuda")
     if tests is not None:
         sm = tests["summary"]
-        out += [f"`tests/cuda` on {tests['machine'].get('gpu')}{stale_mark(tests)}: {sm['passed']} passed, "
+        out += [f"`tests/cuda` on {tests['machine'].get('gpu')}: {sm['passed']} passed, "
                 f"{sm['failed']} failed, {sm['skipped']} skipped (skips forbidden), commit `{tests['commit'][:7]}`.", ""]
     return "\n".join(out)
 
@@ -439,7 +359,7 @@ def gpu_headline(d) -> str:
                      f"{p['ours']['pcie4']['speedup']:.2f}x over PCIe 4.0 (gsplat's distributed mode, same "
                      f"kernels: {p['gsplat']['nvlink_h100']['speedup']:.2f}x / {p['gsplat']['pcie4']['speedup']:.2f}x)")
     a = d["anchors"]
-    return (f"{W}-GPU speedup, **a prediction** (not measured on {W} GPUs; `scaling_gpu.json`{stale_mark(d)}): "
+    return (f"{W}-GPU speedup, **a prediction** (not measured on {W} GPUs; {src(d)}): "
             f"each rank's {'step timed by range' if d.get('stages') else 'stages timed'} on one {d['device']} ({d['scene']['gaussians']:,} Gaussians, "
             f"{d['scene']['width']}x{d['scene']['height']}), exchange priced from stated link figures: "
             + "; ".join(parts) + f". Published: gsplat docs {a['gsplat_docs_4gpu']['speedup']}x (4 GPUs), "
@@ -451,7 +371,7 @@ def section_gpu_model(d) -> str:
     """The GPU-timed scaling prediction: per W and batch, stage times, bytes, predicted speedups."""
     if d is None or not gpu_rows(d):
         return ""
-    out = [f"## GPU-timed scaling prediction (`scaling_gpu.py`){stale_mark(d)}", "",
+    out = [f"## GPU-timed scaling prediction (`scaling_gpu.py`)", "",
            f"A prediction, not a multi-GPU measurement. {d['timing']}. Scene: {d['scene']['source']}. "
            f"Model: `{d['model']['step']}`; {d['model']['exchange']}; speedup {d['model']['speedup']}.", ""]
     rows = []
@@ -478,7 +398,7 @@ def section_gpu_model(d) -> str:
         out += ["", f"Order (seed {o['seed']}): " + ", ".join(f"W={W} b={b}" for W, b in o["ran"])
                 + f"; {d['model']['order']}."
                 + (f" Speedups not computed: {'; '.join(d['speedups_missing'])}." if d.get("speedups_missing") else "")]
-    # scaling_gpu.json names its stages (the trainer's ranges, step_ranges.py); older ones had these
+    # scaling_gpu names its stages (the trainer's ranges, step_ranges.py); older ones had these
     stages = d.get("stages") or ["activate", "project", "pack", "exchange_copy_fwd", "unpack", "raster_fwd", "loss_fwd",
                                  "raster_bwd", "exchange_copy_bwd", "project_bwd", "adam", "densify"]
     srows = []
@@ -520,7 +440,7 @@ def section_prediction(model, gpu_model=None) -> str:
     timed = gpu_model is not None and bool(gpu_rows(gpu_model))
     title = (f"## CPU-derived {W}-GPU prediction (superseded by the GPU-timed one; kept as the model's CPU validation)"
              if timed else f"## Predicted {W}-GPU speedup (a model prediction, not a measurement)")
-    lead = ("The GPU-timed prediction (`scaling_gpu.json`, above) replaces this one; the scaling model itself is "
+    lead = ("The GPU-timed prediction (`scaling_gpu`, above) replaces this one; the scaling model itself is "
             "validated on this CPU against real gloo processes (scaling model section). "
             if timed else "No GPU has timed distsplat yet. ")
     out = [title, "",
@@ -537,8 +457,8 @@ def section_prediction(model, gpu_model=None) -> str:
                         [[r["date"], f"`{r['commit']}`", f"{r['gpu_factor']:g}", f"{r['speedup_nvlink']:.2f}",
                           f"{r['speedup_pcie4']:.2f}", f"{r['speedup_compute_only']:.2f}",
                           (r.get("load_avg_1_5_15min") or ["?"])[0]] for r in runs if r["W"] == W]))
-    out += ["", "Older runs describe the code at their own commit (`scaling_model_history.json`); the "
-            "newest is `scaling_model.json`" + stale_mark(model) + ".", ""]
+    out += ["", "Older runs describe the code at their own commit (`archive/scaling_model_history.json` and "
+            f"archived snapshots); the newest is {src(model)}.", ""]
     return "\n".join(out)
 
 
@@ -547,7 +467,7 @@ def section_batch_quality(d, gpu_model=None) -> str:
     predicts for 4 GPUs (joined with the GPU-timed step, when there is one)."""
     if d is None:
         return ""
-    out = [f"## Quality against the global batch (`batch_quality.py`){stale_mark(d)}", "", d["note"], ""]
+    out = [f"## Quality against the global batch (`batch_quality.py`)", "", d["note"], ""]
     rows = []
     for k, v in d["summary"].items():
         scene, strategy, batch = k.split("/")[:3]
@@ -558,7 +478,7 @@ def section_batch_quality(d, gpu_model=None) -> str:
                      f"{v['psnr']:.2f}", f"{v['psnr_minus_batch1']:+.2f}", f"{v['ssim']:.3f}", v["num_GS"]])
     out += [md_table(["scene", "strategy", "global batch", "--lr_batch_scaling", "lr x", "steps", "PSNR",
                       "vs batch 1", "SSIM", "Gaussians"], rows), "",
-            f"![batch quality](results/{d['benchmark']}.png)", ""]
+            f"![batch quality](results/{Path(d['_file']).with_suffix('.png').as_posix()})", ""]
     rows_gpu = gpu_rows(gpu_model) if gpu_model is not None else {}
     if (1, 1) in rows_gpu and (4, 4) in rows_gpu:
         one = rows_gpu[(1, 1)]["predicted"]["ours"]["nvlink_h100"]["step_ms"]
@@ -571,7 +491,7 @@ def section_batch_quality(d, gpu_model=None) -> str:
         out += ["**Time to quality, a prediction**: if a global batch reaches batch 1's PSNR at the same images "
                 "seen (the table above: where it falls short, more images are needed and the gain shrinks), "
                 "4 GPUs reach the 1-GPU 7k-step PSNR in the 1-GPU time divided by the images-per-second gain "
-                f"of the GPU-timed step (`scaling_gpu.json`{stale_mark(gpu_model)}, NVLink): " + "; ".join(lines)
+                f"of the GPU-timed step ({src(gpu_model)}, NVLink): " + "; ".join(lines)
                 + ". Published: gsplat 3.12x (4 GPUs, `--steps_scaler 0.25`, whole run), Grendel-GS 4.07x "
                 "(throughput, 4xA100, batch 4). Assumes the CPU study's batch behaviour carries to thermos at full "
                 "size and 7k steps, and the GPU step as last timed.", ""]
@@ -580,18 +500,33 @@ def section_batch_quality(d, gpu_model=None) -> str:
 
 
 def section_files() -> str:
-    """Every result file with its commit and whether what it measures changed since."""
+    """The newest snapshot of each name and device, and what else the folder holds."""
     rows = []
-    for path in sorted(RESULTS.glob("*.json")):
-        if path.stem == "scaling_model_history":
-            continue
-        d = load(path.stem)
-        rows.append([f"`{path.name}`", f"`{str(d.get('commit') or d.get('git_commit') or '?')[:12]}`", d.get("date", "?"),
-                     d["_stale"] or "current"])
-    return ("## Result files\n\nEach result is checked against the files it measures "
-            "(`make_report.MEASURES`): STALE when one of them changed after the result's commit "
-            "(`git log <commit>..HEAD -- <files>`).\n\n"
-            + md_table(["file", "commit", "date", "status at HEAD"], rows) + "\n")
+    for folder in (RESULTS, RESULTS / "runs"):
+        latest = {parse(p)[:2]: p for p in snapshots(folder)}
+        for (name, device), path in sorted(latest.items()):
+            d = json.loads(path.read_text())
+            older = len(snapshots(folder, name, device)) - 1 + len(
+                [p for p in snapshots(folder / ARCHIVE, name, device)])
+            rows.append([f"`{path.relative_to(RESULTS).as_posix()}`", name, device, str(d.get("date", "?"))[:10],
+                         f"`{str(d.get('commit') or d.get('git_commit') or '?')[:12]}`", older or ""])
+    archived = sorted(p.name for p in (RESULTS / ARCHIVE).glob("*.json"))
+    plain = sorted(p.relative_to(RESULTS).as_posix() for f in (RESULTS, RESULTS / "runs")
+                   for p in f.glob("*.json") if parse(p) is None)
+    out = ["## Result files", "",
+           "Each result is a dated snapshot, `<name>_<device>_<date>.json` (what, where, when; the commit is "
+           "inside), never edited: a rerun writes a new file. Shown: the newest of each name and device. "
+           "Whether a number still holds is not judged from dates: the claims that must keep holding "
+           "(quick-start PSNR, W = 1 equals W = 2, the exchange's collectives, memory per Gaussian) are "
+           "tests with golden values, `tests/unit/test_claims.py`.", "",
+           md_table(["file", "name", "device", "date", "commit", "older snapshots"], rows), ""]
+    if archived:
+        out += [f"`results/{ARCHIVE}/` (superseded snapshots and old comparisons, not shown above): "
+                + ", ".join(f"`{n}`" for n in archived) + ".", ""]
+    if plain:
+        out += ["Records not yet filed under a dated name (`python benchmarks/results_index.py file PATH`), not "
+                "shown above: " + ", ".join(f"`{n}`" for n in plain) + ".", ""]
+    return "\n".join(out)
 
 
 def plot(breakdown, model) -> Optional[Path]:
@@ -639,10 +574,10 @@ def plot(breakdown, model) -> Optional[Path]:
 
 
 def main() -> int:
-    smoke, bd_cpu, bd_gpu = load("cpu_smoke"), load("step_breakdown_cpu"), load("step_breakdown_cuda")
-    model, vs_cpu, vs_gpu = load("scaling_model"), load("vs_gsplat_cpu"), load("vs_gsplat_cuda")
+    smoke, bd_cpu, bd_gpu = load("cpu_smoke"), load("step_breakdown", "cpu"), load("step_breakdown", "gpu")
+    model, vs_cpu, vs_gpu = load("scaling_model"), load("vs_gsplat", "cpu"), load("vs_gsplat", "gpu")
     gpu_model = load("scaling_gpu")
-    quick = load("quickstart_cpu")
+    quick = load("quickstart")
     png = plot(bd_cpu, model)
     parts = [
         "# distsplat benchmark results",
@@ -652,9 +587,11 @@ def main() -> int:
         "GPU, that is a CPU-only machine: ranks are gloo processes sharing its cores and the renderer "
         "is the pure-PyTorch backend, so absolute times say nothing about GPUs. Multi-GPU figures are "
         "model predictions with the assumptions listed: "
-        + ("from stages timed on one GPU (`scaling_gpu.json`), and the CPU-derived one in the last section. "
+        + ("from stages timed on one GPU (`scaling_gpu`), and the CPU-derived one in the last section. "
            if gpu_model is not None else "in the last section, until a GPU run replaces them. ") +
-        "A result whose measured code changed after its commit is marked STALE.",
+        "Each section shows the newest snapshot of its result, named under it with its date, device and "
+        "commit (the result files are listed at the end); the claims that must keep holding are tests "
+        "(`tests/unit/test_claims.py`).",
         "",
     ]
     parts += headline(smoke, quick, vs_cpu, vs_gpu, bd_cpu, gpu_model)
@@ -662,18 +599,17 @@ def main() -> int:
     parts += [section_breakdown(bd_gpu, "cuda") if bd_gpu else
               "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/step_breakdown.py` "
               "on a CUDA machine runs W = 1 on the GPU).\n"]
-    parts += [section_step_ops(load("step_ops_cpu"), load("step_ops_cpu_before"))]
+    parts += [section_step_ops(load("step_ops", "cpu"))]
     parts += [section_gsplat(vs_cpu, vs_gpu)] + [s for s in [section_capture_gpu(), section_gpu_model(gpu_model)] if s]
     parts += [section_model(model)]
     if png is not None:
         parts += [f"![scaling]({png.relative_to(HERE).as_posix()})", ""]
-    parts += [section_batch_quality(load("batch_quality_cpu"), gpu_model)]
+    parts += [section_batch_quality(load("batch_quality"), gpu_model)]
     parts += [section_prediction(model, gpu_model), section_files()]
     REPORT.write_text("\n".join(parts).rstrip() + "\n")
-    stale = [p.name for p in sorted(RESULTS.glob("*.json"))
-             if p.stem != "scaling_model_history" and load(p.stem)["_stale"]]
+    plain = sorted(p.name for f in (RESULTS, RESULTS / "runs") for p in f.glob("*.json") if parse(p) is None)
     print(f"make_report: {REPORT.relative_to(HERE.parent)}" + (f", {png.relative_to(HERE.parent)}" if png else "")
-          + (f"; STALE: {', '.join(stale)}" if stale else "; nothing stale"))
+          + (f"; not filed under a dated name: {', '.join(plain)}" if plain else ""))
     return 0
 
 

@@ -159,7 +159,7 @@ def main() -> int:
     if len(sys.argv) != 2 or sys.argv[1] not in what:
         print(f"usage: python benchmarks/readme_figures.py {'|'.join(what)}", file=sys.stderr)
         return 2
-    path = write_result(f"{sys.argv[1]}_cpu", what[sys.argv[1]]())
+    path = write_result(sys.argv[1], what[sys.argv[1]]())
     print(f"readme_figures: {path}")
     return 0
 

@@ -376,7 +376,7 @@ def main() -> None:
             "Bytes are those sent to other ranks (the own share is a local copy)."),
         "results": rows,
     }
-    path = write_result(f"step_breakdown_{device}", payload)
+    path = write_result("step_breakdown", payload)
     print(f"step_breakdown {device}: W=1..{rows[-1]['W']}, plain step "
           + ", ".join(f"W={r['W']} {r['plain_step_ms_median_max_rank']:.0f} ms" for r in rows)
           + f" -> {path}")

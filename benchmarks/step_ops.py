@@ -34,7 +34,7 @@ Environment: SCENES (builtin: the trainer's default synthetic scene; thermos:
 $DISTSPLAT_DATA/thermos or ../shared/data/thermos; or a scene folder), DATA_FACTOR (8),
 WS, BATCH (cameras per rank), WARMUP, STEPS (counted), TIMED (plain timed steps), NAME
 (step_ops_cpu). Writes benchmarks/results/$NAME.json and prints one summary line
-(step_ops_cpu_before.json: the step before the lean-step work, 5da5cbf).
+(archive/step_ops_cpu2_2026-11-26.json: the step before the lean-step work, 5da5cbf).
 
 Honest scope: on CPU the torch backend renders, so its ops (and its host reads) say
 nothing about a GPU run; everything above it is the code a GPU runs. Every tensor is a
@@ -422,7 +422,7 @@ def main() -> None:
                  "> cores). added_by_distribution: mean over ranks, torch backend left out."),
         "results": results,
     }
-    path = write_result(os.environ.get("NAME", "step_ops_cpu"), payload)
+    path = write_result(os.environ.get("NAME", "step_ops"), payload)
     print("step_ops: ops added by distribution (outside the torch backend): " + "; ".join(line) + f" -> {path}")
 
 

@@ -70,8 +70,8 @@ benchmarks/bench_step_vs_gsplat.py)  # one result per scene, named as the script
     printf '{"scene": "%s"}\n' "${SCENE:-}" > "$out"
     echo "step_vs_gsplat: ours 14.00 ms, gsplat 15.00 ms per step (0.933x) (dry run) -> $out" ;;
 benchmarks/bench_vs_gsplat.py)
-    printf '{"dry_run": true}\n' > "$R/vs_gsplat_cuda.json"
-    echo "vs_gsplat: ours_w1 / gsplat 1.05 (dry run) -> $R/vs_gsplat_cuda.json" ;;
+    printf '{"dry_run": true}\n' > "$R/vs_gsplat.json"
+    echo "vs_gsplat: ours_w1 / gsplat 1.05 (dry run) -> $R/vs_gsplat.json" ;;
 benchmarks/profile_gpu.py)
     mkdir -p "$2"; printf 'fake table\n' > "$2/table.txt"
     printf '{"dry_run": true}\n' > "$R/profile_gpu_cuda.json"

@@ -45,7 +45,7 @@ def test_capture_trains_from_the_cli_on_two_ranks(tmp_path, kind):
     early = json.loads((out / "stats" / "val_step0010.json").read_text())
     final = json.loads((out / "stats" / f"val_step{STEPS:04d}.json").read_text())
     log = os.environ.get("DISTSPLAT_CAPTURES_LOG")
-    if log:  # the numbers for benchmarks/results/captures_cpu.json
+    if log:  # the numbers for benchmarks/results/captures_cpu2_2026-11-23.json
         with open(log, "a") as f:
             f.write(json.dumps({"capture": kind, "early_psnr": early["psnr"], "final_psnr": final["psnr"],
                                 "num_GS": final["num_GS"]}) + "\n")

@@ -73,7 +73,7 @@ def test_other_world_size_same_global_batch_stays_within_the_documented_bound(tm
     # W=1 x 2 cameras vs W=2 x 1 camera: the same global batch size, but the batcher
     # draws other batches on another W, so the metrics differ by training noise, not
     # rounding; another CPU rounds differently and draws another sample of that noise.
-    # Over seeds 0-4 (benchmarks/results/cross_w_seeds_cpu.json) |dPSNR| has an RMS of
+    # Over seeds 0-4 (benchmarks/results/cross_w_seeds_cpu2_2026-11-23.json) |dPSNR| has an RMS of
     # 0.024 dB (max 0.040) and |dSSIM| 2.2e-4 (max 3.8e-4): the bounds are 4 and 9 RMS.
     # A rank's lost gradient or a mis-owned camera costs whole dB (the seed alone moves
     # PSNR by 0.17 dB; training adds ~2.5 dB here).

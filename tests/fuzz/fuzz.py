@@ -92,14 +92,17 @@ def main() -> None:
                            "returncode": p.returncode, "crashers": crashers,
                            "finding": (finding[:1] + exc[-1:]) if p.returncode else []}
         print(target, results[target], flush=True)
-    out = REPO / "benchmarks" / "results" / f"fuzz_parsers_{seconds}s.json"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     import datetime
     import platform
 
+    from benchmarks.results_index import result_path
+
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    out = result_path(f"fuzz_parsers_{seconds}s", f"cpu{os.cpu_count()}", date)
     out.write_text(json.dumps({
         "command": f"nice -n 10 python tests/fuzz/fuzz.py all {seconds}", "commit": commit,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": date,
         "machine": f"{platform.machine()} {os.cpu_count()} cores (shared with other jobs)",
         "load": os.getloadavg(), "limits": LIMITS, "targets": results}, indent=1) + "\n")
 

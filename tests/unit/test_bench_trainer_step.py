@@ -56,7 +56,7 @@ def test_step_vs_gsplat_runs_the_trainers_default_config():
     assert (cfg.packed, cfg.ssim_impl) == (default_config().packed, "auto")
 
 
-def test_step_vs_gsplat_names_each_scenes_result_and_make_report_finds_them():
+def test_step_vs_gsplat_names_each_scenes_result_and_make_report_finds_them(tmp_path):
     from benchmarks import make_report
 
     assert bsg.scene_label("/x/.gpu_data/thermos") == "thermos"
@@ -67,8 +67,10 @@ def test_step_vs_gsplat_names_each_scenes_result_and_make_report_finds_them():
     for scene in ("thermos", "garden"):
         name = bsg.result_name("cuda", scene)
         assert name == f"step_vs_gsplat_cuda_{scene}"
-        # make_report knows what it measures (so it can say when it is stale)
-        assert make_report.staleness(name, {"commit": ""}) == "STALE: no commit recorded"
+        # make_report finds its newest snapshot by that name
+        assert make_report.load(name, "gpu", tmp_path) is None
+        (tmp_path / f"{name}_h100_2026-11-23.json").write_text('{"date": "2026-11-23", "commit": "abc"}')
+        assert make_report.newest(name, "gpu", tmp_path).name == f"{name}_h100_2026-11-23.json"
 
 
 def test_step_vs_gsplat_ours_gives_the_trainers_parameters_after_3_steps(tmp_path):
