@@ -32,7 +32,8 @@ KEEP=1 keeps the generated data (a rerun reuses it and its generation/packing fi
 DATA_ONLY=1 (with KEEP=1) only generates and packs, MEASURE=0 skips the per-rank measures, FILL=0 skips
 filling the cache with the whole share in them, EPOCHS (3; 0: none) epochs of the SMALL capture,
 REPEAT (2) training runs per capture, START=0 no start measures, MERGE=1 puts this run's parts into an
-existing million_<N>.json (listed under "merged"). Writes benchmarks/results/million_<N>.json.
+copy of the newest million_<N> snapshot (listed under "merged"). Writes a new snapshot
+benchmarks/results/million_<N>_<device>_<date>.json (results_index.py).
 """
 
 from __future__ import annotations
@@ -374,9 +375,13 @@ def main() -> None:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
         if os.environ.get("DATA_ONLY") != "1":
-            out = REPO / "benchmarks" / "results" / f"million_{n}.json"
-            if os.environ.get("MERGE") == "1" and out.exists():  # a partial rerun: its parts replace the file's
-                old = json.loads(out.read_text())
+            from benchmarks.results_index import device_label, newest, result_path
+
+            base = newest(f"million_{n}", "cpu") if os.environ.get("MERGE") == "1" else None
+            out = result_path(f"million_{n}", device_label(result["machine"]), result["date"])
+            if base is not None:  # a partial rerun: its parts replace the newest snapshot's, in a new one
+                old = json.loads(base.read_text())
+                old["merged_into_from"] = base.name
                 fresh = {k: v for k, v in result.items() if v not in ([], None) and not k.startswith(("generate_", "pack_"))}
                 old.setdefault("merged", []).append({k: result[k] for k in ("command", "commit", "date", "load_before")})
                 old.update({k: v for k, v in fresh.items() if k not in ("command", "commit", "date", "load_before")})

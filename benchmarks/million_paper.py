@@ -14,9 +14,9 @@ Model, per rank, each rank on its own core (the W = 2 measurements on 2 cores):
   memory after the table, index and ownership (100k and 1M); the image cache holds the
   rank's share of the dataset (dataset / W) at most, as measured (1.00x).
 
-    python benchmarks/million_paper.py     # reads results/million_100000.json, million_1000000.json
+    python benchmarks/million_paper.py     # the newest million_100000_* and million_1000000_* snapshots
 
-Writes benchmarks/results/million_paper.json and prints the markdown table.
+Writes a million_paper_<device>_<date>.json snapshot and prints the markdown table.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.results_index import device_label, newest, result_path  # noqa: E402
 TARGET = 100_000_000
 WS = (8, 64, 512)
 RANKS_PER_NODE = 8
@@ -97,8 +98,8 @@ def table(rows: list, m: dict, n: int) -> str:
 
 
 def main() -> None:
-    small = json.loads((RESULTS / "million_100000.json").read_text())
-    big = json.loads((RESULTS / "million_1000000.json").read_text())
+    small_path, big_path = newest("million_100000", "cpu"), newest("million_1000000", "cpu")
+    small, big = json.loads(small_path.read_text()), json.loads(big_path.read_text())
     m = fit(small, big)
     rows = predict(m, TARGET)
     out = {"benchmark": "million_paper", "prediction": True, "images": TARGET, "model": m, "rows": rows,
@@ -107,7 +108,10 @@ def main() -> None:
                            "costs": "linear in the images (fitted at 100k and 1M), as measured on this machine's cores and "
                                     "local disk; a network file system's per-file latency adds to b"},
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": "python benchmarks/million_paper.py"}
-    (RESULTS / "million_paper.json").write_text(json.dumps(out, indent=2) + "\n")
+    out["inputs"] = [small_path.name, big_path.name]
+    out["machine"] = big["machine"]  # where the costs were measured
+    path = result_path("million_paper", device_label(big["machine"]), out["date"])
+    path.write_text(json.dumps(out, indent=2) + "\n")
     print(table(rows, m, TARGET))
     print(json.dumps(m, indent=2), file=sys.stderr)
 
