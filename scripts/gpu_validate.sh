@@ -15,7 +15,8 @@
 # of DEADLINE_S (less RESERVE_S for the archives) covers its `start` column: otherwise it is
 # SKIPped with a line saying so, and a later, shorter check may still run. A limit longer than
 # what is left is cut to the deadline. `expected` is what the work took on one H100 in earlier
-# calls (benchmarks/results/), or an estimate where the check is new (marked ~, with its basis).
+# calls (benchmarks/results/, named below as the call writes them; the committed snapshots are
+# <name>_h100_2026-11-23*.json), or an estimate where the check is new (marked ~, with its basis).
 #
 #   check               limit start expected  where the expected time comes from
 #   setup                  60     0     ~15   no record: the carried wheels' install, then one import of torch,
@@ -55,8 +56,10 @@
 # $OUT (default ./gpu_out) gets, after every check (so a cut call still returns them; at most 8
 # files come back from a call): summary.txt (a line per check: PASS, FAIL or SKIP, its time, limit
 # and expected time, then its result's line), logs.tgz (every check's log, env.txt, machine.json,
-# the tests' junit XML) and results.tgz (benchmarks/results/... written by this call, to unpack in
-# the repository root). The exit code is non-zero when a check failed, or a core check was skipped.
+# the tests' junit XML) and results.tgz (benchmarks/results/... written by this call under plain
+# names, to unpack in the repository root and file as dated snapshots: python
+# benchmarks/results_index.py file PATH...). The exit code is non-zero when a check failed, or a
+# core check was skipped.
 #
 # Environment: OUT, DEADLINE_S (540), RESERVE_S (15), STEPS (7000: the trainings), DATA_FACTOR (1:
 # thermos at 946x532). GPU_VALIDATE_DRY_RUN=1: no GPU, the same call with each GPU command answered
