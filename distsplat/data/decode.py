@@ -133,14 +133,19 @@ def fast_size(head: bytes) -> Optional[Tuple[int, int]]:
         if marker in _NO_LENGTH:
             pos += 2
             continue
-        if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
-            return None
+        if marker in (0xD9, 0xDA) or marker < 0xC0:  # end of image or scan before a frame header, or
+            return None  # no JPEG marker (Pillow: "no marker found")
         length = (head[pos + 2] << 8) | head[pos + 3]
         if marker in _SOF:
-            if pos + 9 > n or length < 7:
+            if pos + 10 > n:
                 return None
             h, w = (head[pos + 5] << 8) | head[pos + 6], (head[pos + 7] << 8) | head[pos + 8]
-            return (w, h) if w > 0 and h > 0 else None  # height 0 (DNL): Pillow's call
+            layers = head[pos + 9]
+            # the frame Pillow opens: 8-bit samples, 1, 3 or 4 components, the length they make;
+            # anything else (a damaged header, a 12-bit JPEG, height 0 for DNL) is Pillow's call
+            if head[pos + 4] != 8 or layers not in (1, 3, 4) or length != 8 + 3 * layers or not (w > 0 and h > 0):
+                return None
+            return w, h
         pos += 2 + length
     return None
 

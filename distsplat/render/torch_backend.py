@@ -17,8 +17,9 @@ whose blocks would hold more than WORKING_BYTES in all runs each *unit* (a block
 depth chunk of it) under activation checkpointing: the forward keeps only the unit's inputs
 (its [T, L] pair ids, views of the pair tensors), and backward recomputes one unit at a time,
 so the compositing's working memory stays under WORKING_BYTES whatever N and the image size
-(issue 34; ~1/3 more compute for the recomputed forward). Images and gradients are those of
-the plain path: the same autograd graph, only its saved tensors recomputed.
+(issue 34; ~1/3 more compute for the recomputed forward). Images are those of the plain
+path bit for bit, gradients up to the order of their sums (a unit gathers its own pairs; the
+plain path gathers a block once, the order that keeps W = 1 and W = 2 training alike).
 """
 
 from __future__ import annotations
@@ -324,18 +325,29 @@ def _composite_block(
     pixels have all stopped: behind opaque surfaces most of a long depth list is never
     evaluated (gsplat's kernel stops per pixel the same way). Each step is one unit, with
     `recompute` checkpointed. Returns colors [T, P, D], alphas [T, P]."""
-    run = _recomputed_pairs if recompute else _composite_pairs
     T, L = idx.shape
+    if not recompute:
+        # The plain path gathers the block's pairs once, as it always has: each pair's gradient
+        # is then summed in one scatter per block, in the same order at any world size (a
+        # gather per depth chunk sums it in another order, and W = 1 and W = 2 drift apart).
+        block = [None if p is None else p[idx] for p in pad]  # [T, L, ...] each
+        run = lambda px_, py_, rows, cols, trans_in: _composite_chunk(  # noqa: E731
+            px_, py_, *[None if b is None else b[rows][:, cols] for b in block[:4]], trans_in,
+            None if block[4] is None else block[4][rows][:, cols])
+    else:
+        run = lambda px_, py_, rows, cols, trans_in: _recomputed_pairs(  # noqa: E731
+            px_, py_, idx[rows][:, cols], trans_in, *pad)
+    everything = torch.arange(T, device=idx.device)
     if L <= DEPTH_CHUNK:
-        c, a, _ = run(px, py, idx, None, *pad)
+        c, a, _ = run(px, py, everything, slice(None), None)
         return c, a
     colors = pad[3]
     out = colors.new_zeros(T, px.shape[-1], colors.shape[-1])
     acc = colors.new_zeros(T, px.shape[-1])
     trans = colors.new_ones(T, px.shape[-1])
-    live = torch.arange(T, device=idx.device)  # tiles with a pixel still open
+    live = everything  # tiles with a pixel still open
     for lo in range(0, L, DEPTH_CHUNK):
-        c, a, t = run(px[live], py[live], idx[live, lo:lo + DEPTH_CHUNK], trans[live], *pad)
+        c, a, t = run(px[live], py[live], live, slice(lo, lo + DEPTH_CHUNK), trans[live])
         out, acc = out.index_add(0, live, c), acc.index_add(0, live, a)
         trans = trans.index_copy(0, live, t)
         with torch.no_grad():

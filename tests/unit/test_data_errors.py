@@ -256,3 +256,26 @@ def test_fast_header_sizes_are_pillows(tmp_path):
             assert size == im.size, name
     assert fast_size(b"GIF89a" + bytes(20)) is None and fast_size(b"\xff\xd8\xff\xda" + bytes(20)) is None
     assert fast_size(b"\xff\xd8") is None and fast_size(b"\x89PNG\r\n\x1a\n" + bytes(8)) is None
+
+
+def test_fast_header_leaves_damaged_frames_to_pillow():
+    """A JPEG whose first segment is random bytes is never given a size by the fast reader
+    (so the check's error is Pillow's "not a readable image", whatever the bytes): over many
+    random headers, every size it returns is Pillow's."""
+    import io
+
+    from PIL import Image
+
+    from distsplat.data.decode import fast_size
+
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        data = b"\xff\xd8\xff" + rng.integers(0, 256, 200, dtype=np.uint8).tobytes() + b"\xff\xd9"
+        got = fast_size(data)
+        if got is not None:
+            with Image.open(io.BytesIO(data)) as im:
+                assert im.size == got
+    sof = b"\xff\xd8\xff\xc0\x00\x11\x08\x00\x30\x00\x40\x03" + bytes(9)  # a sane 64x48 frame, 3 components
+    assert fast_size(sof) == (64, 48)
+    assert fast_size(sof[:4] + b"\x00\x11\x0c" + sof[7:]) is None  # 12-bit samples: Pillow's call
+    assert fast_size(sof[:4] + b"\x00\x11\x08\x00\x30\x00\x40\x02" + bytes(9)) is None  # 2 components

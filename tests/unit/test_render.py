@@ -437,11 +437,13 @@ def test_bytes_per_element_bounds_a_block_forward_and_backward():
 
 
 def test_recomputed_units_give_the_images_and_gradients_of_autograd(monkeypatch):
-    """Recomputing the units in backward runs the same autograd graph with its saved tensors
-    made again by the same deterministic ops: images, gradients and absgrad are equal bit for
-    bit to keeping them (same units). Against the default blocks (bigger units) images are
-    equal, and gradients sum their per-unit terms in another grouping: <= 2 x 400 pairs' terms
-    per sum, 800 u32 ~ 5e-5 of the largest gradient (measured ~1e-7)."""
+    """Recomputing the units in backward gives the images of keeping them bit for bit (the
+    same forward ops), and the gradients up to the order of their sums: a recomputed unit
+    gathers its own pairs, so a pair's terms are summed per depth chunk and then added, where
+    the kept path gathers a block once and sums them in one scatter (the order that keeps
+    W = 1 and W = 2 alike). Against the default blocks (bigger units) images are equal too.
+    Bound: <= 2 x 400 pairs' terms per sum, 800 u32 ~ 5e-5 of the largest gradient (measured
+    ~1e-7)."""
     from distsplat.render import torch_backend as tb
 
     budget = 2 << 20
@@ -450,12 +452,11 @@ def test_recomputed_units_give_the_images_and_gradients_of_autograd(monkeypatch)
     _, c2, a2, g2, _ = _composite_with(monkeypatch, working=1 << 40, block=units)  # kept, same units
     _, c3, a3, g3, _ = _composite_with(monkeypatch, working=1 << 40)  # kept, default blocks
     assert torch.equal(c1, c2) and torch.equal(a1, a2)
-    for k in g1:
-        assert torch.equal(g1[k], g2[k]), k
     assert torch.equal(c1, c3) and torch.equal(a1, a3)
     for k in g1:
-        atol = 800 * 2.0 ** -24 * g3[k].abs().max().item()
-        torch.testing.assert_close(g1[k], g3[k], atol=atol, rtol=1e-5, msg=k)
+        for other in (g2, g3):
+            atol = 800 * 2.0 ** -24 * other[k].abs().max().item()
+            torch.testing.assert_close(g1[k], other[k], atol=atol, rtol=1e-5, msg=k)
 
 
 def test_tile_groups_keep_blocks_under_the_unit_size():

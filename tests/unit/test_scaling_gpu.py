@@ -185,6 +185,7 @@ def test_main_runs_the_configurations_in_their_shuffled_order_and_reports_both_m
     monkeypatch.setattr(sg, "run_world", _fake_world(calls))
     monkeypatch.setattr(sg, "run_memo_setup", lambda memo, job, device: setattr(memo, "scene", "scene"))
     monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setenv("BENCH_RESULTS", str(tmp_path))  # a staging folder: <name>.json, not a dated snapshot
     (tmp_path / "scene").mkdir()
     for k, v in {"SCENE": str(tmp_path / "scene"), "WS": "1,2", "BATCHES": "1,4", "SCALING_ORDER_SEED": "3",
                  "TIME_LIMIT_S": limit}.items():
