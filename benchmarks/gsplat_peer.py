@@ -46,7 +46,7 @@ per-step loss.item() does), PEER_PROBE_WARMUP (10) steps are skipped, the next
 PEER_PROBE_STEPS (50) are timed, the next PEER_PROBE_PROFILE (0) run under torch.profiler
 (each inside a `bench/step` range: step time and kernels per step, benchmarks/step_ranges.py),
 and with PEER_PROBE_SYNCS=1 the step after those is counted under CUDA's sync debug mode
-(count_syncs.SyncCounter). The result goes to the JSON file, not to benchmarks/results;
+(step_ranges.SyncCounter). The result goes to the JSON file, not to benchmarks/results;
 --max_steps must leave one more step (gsplat saves a checkpoint in its last).
 `write_standin(folder)` writes a stand-in peer (no gsplat code: a CPU loop of the same shape)
 for checking this plumbing without a GPU (GSPLAT_PEER=folder).
@@ -326,7 +326,7 @@ class StepProbe:
             self.range = torch.profiler.record_function(sr.STEP)
             self.range.__enter__()
         if self.count_syncs and i == p1:
-            from benchmarks.count_syncs import SyncCounter
+            from benchmarks.step_ranges import SyncCounter
 
             self.counter = SyncCounter(self.cuda)
             self.counter.start()

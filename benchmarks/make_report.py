@@ -79,7 +79,7 @@ def section_smoke(d) -> str:
 def section_breakdown(d, device: str) -> str:
     if d is None:
         return (f"## Step breakdown ({device})\n\nNo `step_breakdown_*.json` on a {device} yet: "
-                f"`{'DEVICE=cuda ' if device == 'cuda' else ''}python benchmarks/step_breakdown.py`.\n")
+                f"`{'DEVICE=cuda ' if device == 'cuda' else ''}python benchmarks/studies/steps/step_breakdown.py`.\n")
     rows = []
     for r in d["results"]:
         ph = r["phase_ms_max_rank"]
@@ -105,7 +105,7 @@ def section_breakdown(d, device: str) -> str:
 def section_step_ops(after, before=None) -> str:
     """What a training step dispatches (step_ops.py); against an older snapshot when given one."""
     if after is None:
-        return "## What a training step dispatches\n\nNo `step_ops_*.json` yet: `python benchmarks/step_ops.py`.\n"
+        return "## What a training step dispatches\n\nNo `step_ops_*.json` yet: `python benchmarks/studies/steps/step_ops.py`.\n"
     rows = []
     for label, d in (("before", before), ("now", after)):
         if d is None:
@@ -134,62 +134,6 @@ def section_step_ops(after, before=None) -> str:
                         "host reads", "step ms"], rows) + "\n\n" + provenance(after) + "\n")
 
 
-def section_model(d) -> str:
-    if d is None:
-        return "## Scaling model\n\nNo `scaling_model_*.json` yet: `python benchmarks/scaling_model.py`.\n"
-    out = [f"## Scaling model (`scaling_model.py`)", "", d["note"], "",
-           f"Model: `{d['model']['step']}`, `{d['model']['exchange']}`; {d['model']['makespan']}. "
-           f"Batch: {d['batch']}.", "", "Assumptions:", ""]
-    out += [f"- {a}" for a in d["assumptions"]]
-    val = [r for r in d["results"] if "cpu_validation" in r]
-    if val:
-        out += ["", "### Validation against real gloo processes on this CPU", ""]
-        rows = []
-        for r in val:
-            v = r["cpu_validation"]
-            mb = v["gloo_microbenchmark"]
-            rows.append([r["W"], f"{v.get('cores_got', v['cores']):.2f}", f"{v['measured_step_ms']:.0f}",
-                         f"{v['predicted_step_ms']:.0f}", f"{v['error_pct']:+.1f}%",
-                         f"{v['measured_cpu_ms_all_ranks']:.0f}" if "measured_cpu_ms_all_ranks" in v else "-",
-                         f"{v['virtual_cpu_ms_all_ranks']:.0f}" if "virtual_cpu_ms_all_ranks" in v else "-",
-                         f"{v['cpu_error_pct']:+.1f}%" if "cpu_error_pct" in v else "-",
-                         f"{v['measured_speedup']:.2f}", f"{v['predicted_speedup']:.2f}",
-                         f"{1e3 * mb['latency_s']:.2f}" if mb else "-",
-                         f"{mb['bandwidth_4MiB_Bps'] / 1e9:.2f}" if mb else "-"])
-        out.append(md_table(["W", "cores got", "measured step ms", "predicted step ms", "error",
-                             "real CPU ms/step (all ranks)", "virtual CPU ms/step", "CPU work error",
-                             "measured speedup", "predicted speedup", "gloo latency ms", "gloo GB/s"], rows))
-        e = d["validation_abs_error_pct_W_gt_1"]
-        if e["mean"] is not None:
-            out += ["", f"Step time: mean |error| over W > 1 {e['mean']:.1f}% (max {e['max']:.1f}%)."]
-        c = d.get("compute_validation_abs_error_pct", {})
-        if c.get("mean") is not None:
-            out += [f"CPU work per step (virtual ranks vs real processes): mean |error| {c['mean']:.1f}% "
-                    f"(max {c['max']:.1f}%)."]
-        out += ["", "`cores got`: the cores the W processes actually had (a spin in every rank, before "
-                "and after the timed steps); the rest went to other users' processes on this shared machine."]
-    out += ["", f"### Predicted GPU scaling (a prediction, not measured: compute = CPU-measured / {d['gpu_factor']:g}, assumed)", ""]
-    rows = []
-    for r in d["results"]:
-        g, v = r["gpu_prediction"], r["virtual"]
-        rows.append([r["W"], f"{max(a + b + c for a, b, c in zip(v['A_ms'], v['B_ms'], v['C_ms'])):.0f}",
-                     f"{sum(v['bytes_sent']) / 1e6:.2f}",
-                     f"{g['nvlink']['step_ms']:.2f}", f"{g['nvlink']['exchange_ms']:.3f}", f"{g['speedup']['nvlink']:.2f}",
-                     f"{g['pcie4']['step_ms']:.2f}", f"{g['pcie4']['exchange_ms']:.3f}", f"{g['speedup']['pcie4']:.2f}",
-                     f"{g['speedup_compute_only']:.2f}"])
-    out.append(md_table(["W", "CPU compute ms (slowest rank)", "MB sent/step", "NVLink step ms", "NVLink exch. ms",
-                         "NVLink speedup", "PCIe step ms", "PCIe exch. ms", "PCIe speedup", "compute-only speedup"], rows))
-    sweep = d.get("predicted_speedup_sweep_by_gpu_factor", {})
-    if sweep:
-        W = str(d["results"][-1]["W"])
-        out += ["", f"Predicted {W}-rank speedup by the assumed GPU_FACTOR (how much faster a GPU runs a "
-                "rank's compute than one CPU core runs the torch backend):", ""]
-        out.append(md_table(["GPU_FACTOR", "NVLink", "PCIe 4.0"],
-                            [[f, f"{s['nvlink'][W]:.2f}", f"{s['pcie4'][W]:.2f}"] for f, s in sweep.items()]))
-    out += ["", provenance(d), ""]
-    return "\n".join(out)
-
-
 def section_gsplat(cpu, gpu) -> str:
     out = ["## distsplat W = 1 vs gsplat (`bench_vs_gsplat.py`)", ""]
     for d in (gpu, cpu):
@@ -210,29 +154,9 @@ def section_gsplat(cpu, gpu) -> str:
     return "\n".join(out)
 
 
-def model_runs(model) -> List[Dict[str, Any]]:
-    """Every recorded scaling-model run's headline (archive/scaling_model_history.json, then each
-    snapshot of scaling_model, archived or not)."""
-    path = RESULTS / ARCHIVE / "scaling_model_history.json"
-    hist = json.loads(path.read_text()) if path.is_file() else None
-    runs = list(hist["runs"]) if hist else []
-    found = [json.loads(p.read_text()) for p in snapshots(RESULTS / ARCHIVE, "scaling_model") + snapshots(RESULTS, "scaling_model")]
-    for m in found + ([model] if model is not None else []):
-        if m["date"] in {r["date"] for r in runs}:
-            continue
-        last = m["results"][-1]
-        g = last["gpu_prediction"]
-        runs.append({"date": m["date"], "commit": m["commit"], "gpu_factor": m["gpu_factor"],
-                     "W": last["W"], "speedup_nvlink": g["speedup"]["nvlink"], "speedup_pcie4": g["speedup"]["pcie4"],
-                     "speedup_compute_only": g["speedup_compute_only"],
-                     "load_avg_1_5_15min": m["machine"].get("load_avg_1_5_15min")})
-    return runs
-
-
 def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
     """The measured numbers people ask for, each with where it comes from. The one model
-    prediction headlined is the GPU-timed scaling (scaling_gpu), labelled as such; the
-    CPU-derived one lives in its own section below the measured tables."""
+    prediction headlined is the GPU-timed scaling (scaling_gpu), labelled as such."""
     out = ["## Headline (measured, except the line labelled a prediction)", ""]
     if quick is not None:
         out.append(f"- README quick start ({src(quick)}, {quick['date'][:10]}): 2 CPU ranks, 600 steps, "
@@ -265,8 +189,7 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
     if gpu_model is not None and gpu_rows(gpu_model):
         out.append("- " + gpu_headline(gpu_model))
     else:
-        out.append("- Multi-GPU speedup: **not measured** (no GPU run yet); the CPU-derived model's prediction "
-                   "and its spread are in the last section.")
+        out.append("- Multi-GPU speedup: **not measured** (no GPU-timed scaling run yet).")
     return out + [""]
 
 
@@ -428,40 +351,6 @@ def section_gpu_model(d) -> str:
     return "\n".join(out)
 
 
-def section_prediction(model, gpu_model=None) -> str:
-    """The model's CPU-derived GPU prediction, with its assumptions and its spread over
-    recorded runs; once a GPU-timed one exists, kept as the model's CPU validation."""
-    if model is None:
-        return ""
-    runs = model_runs(model)
-    W = model["results"][-1]["W"]
-    nv = [r["speedup_nvlink"] for r in runs if r["W"] == W]
-    pc = [r["speedup_pcie4"] for r in runs if r["W"] == W]
-    timed = gpu_model is not None and bool(gpu_rows(gpu_model))
-    title = (f"## CPU-derived {W}-GPU prediction (superseded by the GPU-timed one; kept as the model's CPU validation)"
-             if timed else f"## Predicted {W}-GPU speedup (a model prediction, not a measurement)")
-    lead = ("The GPU-timed prediction (`scaling_gpu`, above) replaces this one; the scaling model itself is "
-            "validated on this CPU against real gloo processes (scaling model section). "
-            if timed else "No GPU has timed distsplat yet. ")
-    out = [title, "",
-           f"{lead}`scaling_model.py` times each rank's work on this CPU and divides "
-           f"it by an assumed GPU_FACTOR ({model['gpu_factor']:g}: how much faster a GPU runs a rank's compute "
-           "than one CPU core runs the torch backend), then adds modelled NVLink / PCIe exchanges (the "
-           "assumptions are listed in the scaling model section above). Across the "
-           f"{len(nv)} recorded runs of the same command it predicted **{min(nv):.2f}x to {max(nv):.2f}x with "
-           f"NVLink** and {min(pc):.2f}x to {max(pc):.2f}x over PCIe 4.0 for W = {W} (the spread comes from "
-           "other users' load on this shared machine changing the CPU time of the same work, mostly the "
-           f"W = 1 baseline; above {W}x is that noise, {W}x is the ceiling). Read it as a range until a "
-           "GPU-timed run (`step_breakdown.py` / `bench_vs_gsplat.py` on CUDA) replaces it.", ""]
-    out.append(md_table(["run date", "commit", "GPU_FACTOR", "NVLink", "PCIe 4.0", "compute only", "load (1 min)"],
-                        [[r["date"], f"`{r['commit']}`", f"{r['gpu_factor']:g}", f"{r['speedup_nvlink']:.2f}",
-                          f"{r['speedup_pcie4']:.2f}", f"{r['speedup_compute_only']:.2f}",
-                          (r.get("load_avg_1_5_15min") or ["?"])[0]] for r in runs if r["W"] == W]))
-    out += ["", "Older runs describe the code at their own commit (`archive/scaling_model_history.json` and "
-            f"archived snapshots); the newest is {src(model)}.", ""]
-    return "\n".join(out)
-
-
 def section_batch_quality(d, gpu_model=None) -> str:
     """Quality against the global batch at the same images seen, and the time to quality it
     predicts for 4 GPUs (joined with the GPU-timed step, when there is one)."""
@@ -529,7 +418,9 @@ def section_files() -> str:
     return "\n".join(out)
 
 
-def plot(breakdown, model) -> Optional[Path]:
+def plot(breakdown, gpu_model) -> Optional[Path]:
+    """Left: the CPU step time against W (step_breakdown, measured); right: the predicted GPU
+    speedups of the GPU-timed scaling model (scaling_gpu), per link and per-rank batch."""
     try:
         import matplotlib
 
@@ -539,34 +430,27 @@ def plot(breakdown, model) -> Optional[Path]:
         print("make_report: matplotlib is not installed (pip install -e '.[bench]'): no plot")
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    if model is not None:
-        val = [r for r in model["results"] if "cpu_validation" in r]
-        if val:
-            Ws = [r["W"] for r in val]
-            ax1.plot(Ws, [r["cpu_validation"]["measured_step_ms"] for r in val], "o-",
-                     label="measured: W gloo processes (CPU)")
-            ax1.plot(Ws, [r["cpu_validation"]["predicted_step_ms"] for r in val], "s--",
-                     label="model with the measured cores + gloo")
-        Ws = [r["W"] for r in model["results"]]
-        ax1.plot(Ws, [max(a + b + c for a, b, c in zip(r["virtual"]["A_ms"], r["virtual"]["B_ms"], r["virtual"]["C_ms"]))
-                      for r in model["results"]], "^:", label="virtual ranks: slowest rank's compute")
-        ax2.plot(Ws, Ws, "k:", label="ideal (W x)")
-        for link, style in (("nvlink", "o-"), ("pcie4", "s-")):
-            ax2.plot(Ws, [r["gpu_prediction"]["speedup"][link] for r in model["results"]], style,
-                     label=f"predicted GPUs, {link} (GPU_FACTOR {model['gpu_factor']:g})")
-        if val:
-            ax2.plot([r["W"] for r in val], [r["cpu_validation"]["measured_speedup"] for r in val], "x--",
-                     label=f"measured CPU gloo ({val[0]['cpu_validation']['cores']} cores)")
-    elif breakdown is not None:
+    Ws = [1, 4]
+    if breakdown is not None:
         rs = breakdown["results"]
-        ax1.plot([r["W"] for r in rs], [r["plain_step_ms_median_max_rank"] for r in rs], "o-", label="measured step (CPU)")
+        Ws = [r["W"] for r in rs]
+        ax1.plot(Ws, [r["plain_step_ms_median_max_rank"] for r in rs], "o-", label="measured step (CPU)")
+    rows = gpu_rows(gpu_model) if gpu_model is not None else {}
+    if rows:
+        gW = sorted({W for W, _ in rows})
+        ax2.plot(gW, gW, "k:", label="ideal (W x)")
+        for b in sorted({b for _, b in rows}):
+            for link, style in (("nvlink_h100", "o-"), ("pcie4", "s--")):
+                pts = [(W, rows[(W, b)]["predicted"]["ours"][link]["speedup"]) for W in gW if (W, b) in rows]
+                ax2.plot(*zip(*pts), style, label=f"predicted GPUs, {link}, batch {b} per rank")
+        Ws = sorted(set(Ws) | set(gW))
     ax1.set(xlabel="W (ranks)", ylabel="step time (ms)", title="Step time vs W (1 camera per rank)")
     ax2.set(xlabel="W (ranks)", ylabel="throughput speedup vs W=1", title="Speedup (images/s)")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        ax.set_xticks(range(1, 1 + max(4, max((r["W"] for r in (model or breakdown or {"results": []})["results"]), default=4))))
-    fig.suptitle("distsplat scaling: CPU measurements (gloo, 2-core machine) and modelled GPUs", fontsize=10)
+        ax.set_xticks(range(1, 1 + max(4, max(Ws))))
+    fig.suptitle("distsplat scaling: CPU measurements (gloo, 2-core machine) and GPU predictions (scaling_gpu)", fontsize=10)
     fig.tight_layout()
     PLOT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(PLOT, dpi=110)
@@ -575,10 +459,10 @@ def plot(breakdown, model) -> Optional[Path]:
 
 def main() -> int:
     smoke, bd_cpu, bd_gpu = load("cpu_smoke"), load("step_breakdown", "cpu"), load("step_breakdown", "gpu")
-    model, vs_cpu, vs_gpu = load("scaling_model"), load("vs_gsplat", "cpu"), load("vs_gsplat", "gpu")
+    vs_cpu, vs_gpu = load("vs_gsplat", "cpu"), load("vs_gsplat", "gpu")
     gpu_model = load("scaling_gpu")
     quick = load("quickstart")
-    png = plot(bd_cpu, model)
+    png = plot(bd_cpu, gpu_model)
     parts = [
         "# distsplat benchmark results",
         "",
@@ -587,8 +471,7 @@ def main() -> int:
         "GPU, that is a CPU-only machine: ranks are gloo processes sharing its cores and the renderer "
         "is the pure-PyTorch backend, so absolute times say nothing about GPUs. Multi-GPU figures are "
         "model predictions with the assumptions listed: "
-        + ("from stages timed on one GPU (`scaling_gpu`), and the CPU-derived one in the last section. "
-           if gpu_model is not None else "in the last section, until a GPU run replaces them. ") +
+        + ("from stages timed on one GPU (`scaling_gpu`). " if gpu_model is not None else "pending a GPU run. ") +
         "Each section shows the newest snapshot of its result, named under it with its date, device and "
         "commit (the result files are listed at the end); the claims that must keep holding are tests "
         "(`tests/unit/test_claims.py`).",
@@ -597,15 +480,14 @@ def main() -> int:
     parts += headline(smoke, quick, vs_cpu, vs_gpu, bd_cpu, gpu_model)
     parts += [section_smoke(smoke), section_breakdown(bd_cpu, "cpu")]
     parts += [section_breakdown(bd_gpu, "cuda") if bd_gpu else
-              "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/step_breakdown.py` "
+              "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/studies/steps/step_breakdown.py` "
               "on a CUDA machine runs W = 1 on the GPU).\n"]
     parts += [section_step_ops(load("step_ops", "cpu"))]
     parts += [section_gsplat(vs_cpu, vs_gpu)] + [s for s in [section_capture_gpu(), section_gpu_model(gpu_model)] if s]
-    parts += [section_model(model)]
     if png is not None:
         parts += [f"![scaling]({png.relative_to(HERE).as_posix()})", ""]
     parts += [section_batch_quality(load("batch_quality"), gpu_model)]
-    parts += [section_prediction(model, gpu_model), section_files()]
+    parts += [section_files()]
     REPORT.write_text("\n".join(parts).rstrip() + "\n")
     plain = sorted(p.name for f in (RESULTS, RESULTS / "runs") for p in f.glob("*.json") if parse(p) is None)
     print(f"make_report: {REPORT.relative_to(HERE.parent)}" + (f", {png.relative_to(HERE.parent)}" if png else "")

@@ -1,4 +1,4 @@
-"""Shared by step_breakdown.py and scaling_model.py: the benchmark scene as a trainer
+"""Shared by the benchmarks that start ranks (scaling_gpu.py, studies/): the benchmark scene as a trainer
 Config, and W gloo CPU processes started the way torchrun would start them.
 
 SCENE (environment): `builtin` (the trainer's synthetic scene at the size below), or a

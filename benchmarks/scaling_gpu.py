@@ -1,4 +1,4 @@
-"""The scaling model of `scaling_model.py`, fed by the trainer's own step: W ranks of a real
+"""The scaling model of the distributed step, fed by the trainer's own step: W ranks of a real
 `Trainer` (setup, loader, distributed render, the trainer's loss with fused-ssim on a GPU,
 fused Adam, densification bookkeeping), each timed per range (benchmarks/step_ranges.py) on
 ONE device, one rank at a time.
@@ -24,8 +24,7 @@ the segments between the step's synchronization points:
 
 A range the render does not mark is reported missing (`ranges_missing`), and its time stays
 in train/render:other (A) or train/backward (B): the prediction is then rougher, not wrong
-in kind. Links are priced from stated figures (LINKS, each with its source). Model
-(scaling_model.py's):
+in kind. Links are priced from stated figures (LINKS, each with its source). Model:
 
     T(W) = max_r(A_r + C_r) + max_r(B_r) + X(W)
     X(W) = collectives * latency + host_syncs * host_sync
@@ -92,9 +91,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import step_ranges as sr  # noqa: E402
 from benchmarks.paths import data_dir  # noqa: E402
-from benchmarks.scaling_model import COUNT_COLUMNS, makespan, speedup  # noqa: E402
+from distsplat.distributed.exchange import N_COLUMNS as COUNT_COLUMNS  # noqa: E402  (int64 per rank pair)
 
 T_START = time.perf_counter()
+
+
+def makespan(seconds: List[float]) -> float:
+    """Time until all ranks, one device each, finish a segment of `seconds` each: the slowest."""
+    return max(seconds, default=0.0)
+
+
+def speedup(t1: float, tW: float, W: int) -> float:
+    """Throughput speedup at a per-rank batch: W times the images per step."""
+    return W * t1 / tW
 
 # Interconnect figures (stated, not measured here). Bandwidths are per GPU per direction as an
 # all-to-all achieves them ("bus bandwidth" in nccl-tests' terms), latencies per small collective.

@@ -1,6 +1,7 @@
 """The trainer's own step, timed and counted by the ranges it marks (distsplat/profiling.py),
-for the GPU benchmarks (count_syncs, bench_step_vs_gsplat, profile_gpu, scaling_gpu): they
-run `Trainer.train_step` under torch.profiler and read these ranges, never a copy of the step.
+for the GPU benchmarks (bench_step_vs_gsplat, scaling_gpu; studies/steps/: count_syncs, profile_gpu):
+they run `Trainer.train_step` under torch.profiler and read these ranges, never a copy of the step.
+`SyncCounter` (the end of this file) counts a step's host syncs for count_syncs and gsplat_peer.
 
     train/batch  train/render  train/loss  train/backward  train/divergence
     train/optimizer  train/densify                       (Trainer.train_step)
@@ -39,11 +40,16 @@ device thread runs the CUDA backward while the main thread sits in train/backwar
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import functools
+import linecache
 import statistics
 import threading
+import traceback
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -57,6 +63,7 @@ EXCHANGE_RANGES = ("distsplat/count_exchange", "distsplat/payload_exchange", "di
 STEP = "bench/step"
 COLLECTIVE = "bench/collective"
 SYNC = "bench/sync"
+SYNC_WARNING = "synchronizing CUDA operation"  # what torch.cuda.set_sync_debug_mode("warn") says
 STAGED = "bench/staged"
 MARKS = (SYNC, STAGED)  # points in time, not ranges: counted in the leaf around them, never cut one
 TRAINER_RANGES = STEP_RANGES + RENDER_RANGES + BACKWARD_RANGES
@@ -332,3 +339,53 @@ def taking_turns(token, device: torch.device) -> Iterator[None]:
             setattr(dist, n, fn)
         sync(device)
         token.release()
+
+
+class SyncCounter:
+    """Counts the host syncs CUDA's sync debug mode reports between start() and stop(): the
+    count, where they came from (the line that warned) and the Python stack of each (a sync
+    inside a library function warns at that function's line: the stack names our caller).
+    While a profiler records, each sync also leaves a `bench/sync` mark in it. Without CUDA
+    nothing is reported (the plumbing still runs)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.caught: List[Any] = []
+        self._scope: Optional[warnings.catch_warnings] = None
+
+    def _hook(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if SYNC_WARNING not in str(message):  # not a sync (e.g. the debug mode's own notice)
+            return
+        stack = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
+                 for f in traceback.extract_stack()[:-1]]
+        self.caught.append((filename, lineno, stack[-8:]))
+        if torch.autograd._profiler_enabled():
+            with torch.profiler.record_function(SYNC):
+                pass
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.caught = []
+        self._scope = warnings.catch_warnings()
+        self._scope.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._hook
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+
+    def stop(self) -> Dict[str, Any]:
+        try:
+            if self.cuda:
+                torch.cuda.set_sync_debug_mode(0)
+        finally:
+            if self._scope is not None:
+                self._scope.__exit__(None, None, None)  # filters and showwarning as they were
+                self._scope = None
+        if self.cuda:
+            torch.cuda.synchronize()
+        where = collections.Counter(
+            f"{Path(f).parent.name}/{Path(f).name}:{n}: {linecache.getline(f, n).strip()[:100]}"
+            for f, n, _ in self.caught)
+        return {"count": len(self.caught), "where": dict(where.most_common()),
+                "stacks": [st for _, _, st in self.caught]}

@@ -310,7 +310,7 @@ run_check() {
         publish ;;
     syncs)  # host syncs of the trainer's step (W = 1, then W = 2 sharing the GPU) and of gsplat's trainer's step
         grant syncs || return 1
-        run syncs env PEER_TIMEOUT_S="$(sub 35)" TIME_LIMIT_S="$(sub 5)" "$PY" benchmarks/count_syncs.py
+        run syncs env PEER_TIMEOUT_S="$(sub 35)" TIME_LIMIT_S="$(sub 5)" "$PY" benchmarks/studies/steps/count_syncs.py
         detail "$(last_line '^host syncs' syncs)" ;;
     default_7k) train default_7k default ;;
     mcmc_7k) train mcmc_7k mcmc ;;
@@ -338,7 +338,7 @@ run_check() {
         detail "$(tail -n 1 "$LOGS/vs_gsplat.log")" ;;
     profile)  # where a W = 1 step's time goes (the trainer timed before the profiler attaches)
         grant profile || return 1
-        run profile "$PY" benchmarks/profile_gpu.py "$LOGS/profile_tables"
+        run profile "$PY" benchmarks/studies/steps/profile_gpu.py "$LOGS/profile_tables"
         detail "$(tail -n 1 "$LOGS/profile.log")" ;;
     esac
 }

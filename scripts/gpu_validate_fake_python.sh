@@ -53,7 +53,7 @@ examples/simple_trainer.py)
         echo "============================== 2 passed in 36.30s ==============================" ;;
     *) echo "fake python: no stand-in for: $*" >&2; exit 2 ;;
     esac ;;
-benchmarks/count_syncs.py)
+benchmarks/studies/steps/count_syncs.py)
     printf '{"dry_run": true}\n' > "$R/host_syncs_cuda.json"
     echo "host syncs per step: trainer 1, ours_render 1, gsplat_step 2 (dry run) -> $R/host_syncs_cuda.json" ;;
 benchmarks/gsplat_peer.py)
@@ -72,7 +72,7 @@ benchmarks/bench_step_vs_gsplat.py)  # one result per scene, named as the script
 benchmarks/bench_vs_gsplat.py)
     printf '{"dry_run": true}\n' > "$R/vs_gsplat.json"
     echo "vs_gsplat: ours_w1 / gsplat 1.05 (dry run) -> $R/vs_gsplat.json" ;;
-benchmarks/profile_gpu.py)
+benchmarks/studies/steps/profile_gpu.py)
     mkdir -p "$2"; printf 'fake table\n' > "$2/table.txt"
     printf '{"dry_run": true}\n' > "$R/profile_gpu_cuda.json"
     echo "profile_gpu: (dry run) -> $R/profile_gpu_cuda.json" ;;

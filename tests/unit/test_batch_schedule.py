@@ -151,7 +151,7 @@ def test_batch_16_trains_as_well_as_batch_1_at_the_same_images_seen(tmp_path):
     default rule reaches batch 1's PSNR at the same images seen; gsplat's lr x sqrt(B)
     falls behind. Measured here (2 CPU cores): batch 1 25.40 dB, batch 16 25.91 (+0.51),
     with sqrt(B) 23.74 (-1.66); the margins keep half of each gap (longer runs:
-    benchmarks/batch_quality.py)."""
+    benchmarks/studies/batch_quality/batch_quality.py)."""
     one = _psnr_after(tmp_path, 1, "visibility")
     ours = _psnr_after(tmp_path, 16, "visibility")
     sqrt = _psnr_after(tmp_path, 16, "sqrt")

@@ -1,13 +1,10 @@
 """The benchmark tools' own logic (benchmarks are not tests; these checks are): the
-summary table reads a trainer's stats dir, the scaling model's arithmetic, and the results
-name no machine's folders."""
+summary table reads a trainer's stats dir, and the results name no machine's folders
+(the scaling model's arithmetic: test_scaling_gpu.py)."""
 
 import json
 
-import pytest
-
 from benchmarks import paths
-from benchmarks import scaling_model as sm
 from benchmarks import summarize
 
 
@@ -35,19 +32,6 @@ def test_summarize_reads_last_eval_step_and_every_rank(tmp_path):
     text = summarize.table(rows, "t")
     assert "25.500" in text and "14/16" in text and "0.50/0.75" in text and "missing" in text
     assert summarize.main([str(run)]) == 0 and summarize.main([str(run), str(missing)]) == 1
-
-
-def test_scaling_model_arithmetic():
-    assert sm.makespan([1.0, 3.0]) == 3.0
-    assert sm.makespan([1.0, 3.0, 2.0, 2.0], cores=2) == 6.0  # 4 ranks at half a core each
-    assert sm.makespan([1.0, 3.0], cores=2) == 3.0  # a core each: the slowest rank
-    assert sm.makespan([2.0], cores=0.5) == 4.0  # half a core left by other processes
-    assert sm.exchange_time([100], [100], 1.0, 1.0, 1.0) == 0.0  # W = 1: no exchange
-    # 3 collectives + 1 host read + 2 directions at the busiest rank's 300 bytes
-    assert sm.exchange_time([100, 300], [200, 50], 100.0, 0.5, 0.25) == pytest.approx(1.5 + 0.25 + 6.0)
-    t = sm.step_time([1.0, 2.0], [4.0, 2.0], [1.0, 1.0], exchange_s=0.5, compute_scale=2.0)
-    assert t == pytest.approx(1.5 + 2.0 + 0.5)
-    assert sm.speedup(1.0, 1.25, 4) == pytest.approx(3.2)
 
 
 def test_results_name_a_machines_folders_as_placeholders(tmp_path, monkeypatch):

@@ -131,7 +131,7 @@ def test_count_syncs_dry_run(tmp_path):
     """W = 1, gsplat's step (a stand-in) and W = 2 (two gloo CPU ranks walking the staged path of
     shared-GPU mode): no sync is reported on a CPU, but the staged transfers are marked in their
     ranges, and distsplat's own counter leaves the one an NCCL run makes (the count transfer)."""
-    out = _run("count_syncs.py", {"DRY_RUN": "1", "WARMUP": "1"}, tmp_path)
+    out = _run("studies/steps/count_syncs.py", {"DRY_RUN": "1", "WARMUP": "1"}, tmp_path)
     assert "host syncs per step: trainer 0, ours_render 0, gsplat_step 0, shared_gpu_w2 [0, 0] per rank " \
            "(of which staged by design [3, 3]: NCCL-equivalent [1, 1] by distsplat)" in out
     d = json.loads((tmp_path / "host_syncs_dry.json").read_text())
@@ -155,7 +155,7 @@ def test_count_syncs_dry_run(tmp_path):
 
 
 def test_profile_gpu_dry_run(tmp_path):
-    _run("profile_gpu.py", {"DRY_RUN": "1", "PROFILE_WARM": "1", "PROFILE_STEPS": "2", "PROFILE_RANGE_STEPS": "2"},
+    _run("studies/steps/profile_gpu.py", {"DRY_RUN": "1", "PROFILE_WARM": "1", "PROFILE_STEPS": "2", "PROFILE_RANGE_STEPS": "2"},
          tmp_path, str(tmp_path / "tables"))
     d = json.loads((tmp_path / "profile_gpu_dry.json").read_text())
     assert set(d["trainer"]) == {"none", "decoded"}
@@ -179,7 +179,7 @@ def test_profile_gpu_top_table_ranks_by_self_device_time_on_cuda():
     self device time, 20 rows at most; torch before 2.4 named device times `cuda`."""
     from types import SimpleNamespace
 
-    from benchmarks import profile_gpu
+    from benchmarks.studies.steps import profile_gpu
 
     def ev(key, self_dev, old=False):
         dev = {"self_cuda_time_total": self_dev, "cuda_time_total": 2 * self_dev} if old else \

@@ -1,4 +1,4 @@
-"""benchmarks/step_ops.py's counting machinery against known answers: ops and views of a
+"""benchmarks/studies/steps/step_ops.py's counting machinery against known answers: ops and views of a
 function in this file, a backward op at its forward line, a custom backward at its own
 line, host reads and implicit syncs at their lines, sorts and float64 flagged, phases,
 and the patches undone; then a smoke run of the benchmark itself on gloo processes."""
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from benchmarks import step_ops as so
+from benchmarks.studies.steps import step_ops as so
 
 HERE = os.path.realpath(__file__)
 SITE = "tests/unit/test_step_ops.py"

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks import step_ranges as sr
-from benchmarks.count_syncs import SYNC_WARNING, SyncCounter
+from benchmarks.step_ranges import SYNC_WARNING, SyncCounter
 
 S, D = sr.Span, sr.DeviceOp
 
