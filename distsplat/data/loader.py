@@ -7,7 +7,7 @@ and records an event; the consumer's stream waits on that event. So step t+1's i
 arrive while step t computes. On CPU the path is the same minus stream and event.
 
 The consumer's thread does as little as it can per step (issue 35: every microsecond of
-it is host time a GPU step may wait for; benchmarks/bench_loader_host.py measures it): it
+it is host time a GPU step may wait for; benchmarks/studies/loader/bench_loader_host.py measures it): it
 asks the schedule, checks ownership against a byte per scene camera, queues ONE task per
 batch, and takes the finished batch. The first worker lays the batch out in its buffer
 (specs, offsets, the slot's previous copy), hands the batch's other images to the pool,

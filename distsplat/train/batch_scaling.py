@@ -15,7 +15,7 @@ lr_B p / sqrt(p^2 + p (1 - p) / B). Equal when
   gsplat's and Grendel-GS's rule (Grendel's "independent gradients" case).
 Object-centric captures sit near p = 1 (the built-in scene ~0.6-0.9, thermos ~0.3-0.8), where
 sqrt(B) moves the Gaussians sqrt(B) times too little per image: after an opacity reset they
-take that many more images to recover (benchmarks/batch_quality.py).
+take that many more images to recover (benchmarks/studies/batch_quality/batch_quality.py).
 
 `--lr_batch_scaling visibility` (the default) measures p once, as training starts: the fraction of
 (Gaussian, camera) pairs visible over an evenly spaced sample of the training cameras, summed
