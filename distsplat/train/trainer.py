@@ -32,7 +32,6 @@ from ..distributed import (
     CameraBatcher,
     DistContext,
     all_reduce_sum,
-    barrier,
     chunk_bounds,
     distributed_rasterize,
     gather_counts,
@@ -44,7 +43,8 @@ from . import strategy_ops
 from .config import Config
 from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
-from .app_opt import check_resume as check_app_resume, colour_kwargs, setup_app_opt
+from .app_opt import colour_kwargs, setup_app_opt
+from .checkpointer import PER_GAUSSIAN_STATE, Checkpointer, image_sizes, seed_rank_rng
 from .evaluate import evaluate, test_owners
 from .lpips import load_lpips, ready_lpips, short_lpips_note
 from .metrics import report_eval
@@ -55,9 +55,9 @@ from .gaussians import (activated, adam_step, check_finite_params, create_optimi
 from .losses import photometric_loss, resolve_ssim_impl
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes, render_working_bytes
 from .strategies import MCMCStrategy
-from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
-from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_cameras, write_transform
-from .faults import DivergenceGuard, SaveGuard
+from .outputs import TensorBoard, memory_gb, write_json, write_yaml
+from .coords import write_transform
+from .faults import DivergenceGuard
 from .balance import Balancer, WorkMeter, interleave, pair_bounds
 from ..data.heap import TRIM_FROM, trim_heap
 from ..profiling import StepRanges
@@ -69,8 +69,6 @@ from ..distributed.nodes import node_name
 
 log = logging.getLogger(__name__)
 
-# Per-Gaussian strategy state: DefaultStrategy's accumulators and every Gaussian's id.
-PER_GAUSSIAN_STATE = ("grad2d", "count", "radii", "uid")
 NUM_RENDERS = 4  # test images saved side by side (ground truth | render) at each evaluation
 
 
@@ -82,7 +80,6 @@ class Trainer:
         self.loader: Optional[ImageLoader] = None
         self.cache: Optional[ImageCache] = None
         self.tb: Optional[TensorBoard] = None
-        self.cameras_written = False  # cameras.json (rank 0), with the first save
         self.metrics: Dict[str, Any] = {}
         # Called as hook(trainer, step) on EVERY rank after each step (e.g. the viewer). Hooks
         # that need collectives must call them on every rank in the same order; with no hook
@@ -93,8 +90,7 @@ class Trainer:
         self.end_hooks: List[Callable[["Trainer"], None]] = []
         self.where = "during setup"  # for failure reports: what this rank was doing
 
-        self._warned_newer = False
-        self.saves = SaveGuard(ctx, self.device, self.result_dir / "ckpts")  # a full disk skips a save
+        self.checkpointer = Checkpointer(ctx, self.device, self.result_dir)  # save, resume (a full disk skips a save)
         self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps)  # NaN/Inf steps are skipped
         self.ranges = StepRanges()  # named parts of train_step for torch.profiler (benchmarks time them)
         self.work = WorkMeter(ctx, self.device)  # how evenly the ranks share each step's pairs (balance.py)
@@ -148,7 +144,7 @@ class Trainer:
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         self._saved_lr_batch = None  # a resumed run's learning-rate scaling (batch_scaling.py)
         if cfg.ckpt is not None:
-            self._resume(cfg.ckpt)
+            self.checkpointer.resume(self, cfg.ckpt)
         # The renders do not check the parameters every step: here, where they come from
         check_finite_params(self.params, f"--ckpt {cfg.ckpt}" if cfg.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")
@@ -361,7 +357,7 @@ class Trainer:
                 self.eval(done, time.perf_counter() - t_start)
         if progress is not None:
             progress.close()
-        self.saves.report_end(self.metrics)  # which saves a full disk skipped
+        self.checkpointer.saves.report_end(self.metrics)  # which saves a full disk skipped
         self.where = "after training"
         for hook in self.end_hooks:
             hook(self)
@@ -619,115 +615,11 @@ class Trainer:
         return self.metrics
 
     def save(self, step: int) -> bool:
-        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
-        full disk on any rank skips either on every rank, and training goes on (faults.py)."""
-        ctx, root = self.ctx, self.result_dir / "ckpts"
-        counts = gather_counts(len(self.params["means"]), self.device)
-        self.n_all = sum(counts)
-        per_gaussian = {k: v for k, v in self.strategy_state.items()
-                        if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
-        payload = ck.shard_payload(self.params, self.optimizers, per_gaussian)
-        payload["rng"] = rng_state(self.device)  # densification draws from it
-        if self.pose is not None:  # identical on every rank; any shard restores it
-            payload["pose_opt"] = self.pose.state_dict()
-        if self.app is not None:  # every rank's embedding rows in one table (one all-reduce), in shard 0
-            app_state = self.app.state_dict()
-            if ctx.is_main:
-                payload["app_opt"] = app_state
-        balance = self.balance.state_dict()  # every camera's last pairs (one all-reduce): the next costs
-
-        def finalize() -> None:  # rank 0, once every shard is written
-            epoch, in_epoch = self._batch_pos(step)
-            state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
-                     "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
-                     "frame": frame_info(self.scene.transform, NORMALIZED),  # the checkpoint's Gaussians' world
-                     "lr_batch": self.lr_batch, **({"balance": balance} if balance else {})}
-            ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
-            newer = ck.newer_checkpoints(root, step)
-            if newer and not self._warned_newer:
-                self._warned_newer = True
-                log.warning("%s holds checkpoints newer than this run's step %d (%s), from another "
-                            "run: they are kept, and --ckpt %s resumes from the newest of them",
-                            root, step, ", ".join(p.name for p in newer), root)
-
-        saved = self.saves.checkpoint(step, payload, finalize)
-        if self.cfg.save_ply:
-            start = sum(counts[: ctx.rank])
-            gaussians = dict(self.params) if self.app is None else self.app.baked(self.params)  # --app_opt: as gsplat
-            if self.cfg.ply_frame == CAPTURE:
-                gaussians = to_capture(gaussians, self.scene.transform)
-            export_ply(self.result_dir, step, gaussians, start, self.n_all, ctx, self.saves)
-        if not self.cameras_written:  # the PLY's cameras (coords.py), once; a full disk: the next save
-            write = lambda: write_cameras(self.result_dir, self.scene, self.cfg.ply_frame)  # noqa: E731
-            self.cameras_written = self.saves.run("cameras.json", lambda r: self.result_dir / "cameras.json", 0,
-                                                  write if ctx.is_main else None)
-        barrier()
-        return saved  # whether the checkpoint is complete (the same on every rank)
+        """Checkpoint and PLY of `step` (checkpointer.py); every rank calls it. False: a full disk skipped it."""
+        return self.checkpointer.save(self, step)
 
     def _image_sizes(self) -> List[Tuple[int, int]]:
-        """The scene's distinct (width, height), sorted (numpy: no object per camera)."""
-        wh = np.unique(np.stack([self.widths, self.heights], 1), axis=0)  # [S, 2]
-        return [(int(w), int(h)) for w, h in wh.tolist()]
-
-    def _scene_fingerprint(self) -> Dict[str, Any]:
-        fp = {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,
-              "names_head": self.scene.names[:3]}
-        sizes = self._image_sizes()
-        if len(sizes) > 1:  # mixed sizes: all of them (a single-size scene's stays as before)
-            fp["sizes"] = [list(s) for s in sizes]
-        return fp
-
-    def _resume(self, path: str) -> None:
-        """Loads this rank's chunk of a checkpoint written by any number of ranks."""
-        meta = ck.read_meta(Path(path))
-        saved = meta["state"].get("scene", {})
-        mine = self._scene_fingerprint()
-        if saved != mine:
-            raise ck.CheckpointError(
-                f"--ckpt {meta['dir']} was written for another scene ({saved}) than this one "
-                f"({mine}); pass the matching --data_dir or start without --ckpt"
-            )
-        check_app_resume(meta["state"].get("config", {}), self.cfg, meta["dir"])
-        saved_sh = meta["state"].get("config", {}).get("sh_degree", self.cfg.sh_degree)
-        if saved_sh != self.cfg.sh_degree:  # else the first render fails on the colours' shape
-            raise ck.CheckpointError(
-                f"--ckpt {meta['dir']} holds colours of SH degree {saved_sh}, this run asks for "
-                f"--sh_degree {self.cfg.sh_degree}; pass --sh_degree {saved_sh} to resume it"
-            )
-        n_all = meta["num_gaussians"]
-        bounds = chunk_bounds(n_all, self.ctx.world_size)[self.ctx.rank]
-        same_w = meta["world_size"] == self.ctx.world_size
-        # Every shard this rank reads, its own too on the same W (the RNG state): a bad one
-        # raises on this rank, and cli.run's setup agreement makes every rank raise it.
-        ck.verify_shards(meta, ck.shards_for_rows(meta, *bounds) + ([self.ctx.rank] if same_w else []))
-        rows = ck.read_rows(meta, *bounds, verify=False)
-        extra = ck.load_rows_into(rows, self.params, self.optimizers, self.device)
-        if "uid" not in extra:
-            extra["uid"] = initial_ids(bounds, self.device)
-            if self.ctx.is_main:
-                log.warning("--ckpt %s holds no Gaussian ids (written before they existed): its "
-                            "Gaussians are numbered by their global order now", meta["dir"])
-        for k, v in extra.items():
-            self.strategy_state[k] = v
-        self.n_all = n_all
-        self._saved_lr_batch = meta["state"].get("lr_batch")
-        self.start_step = int(meta["step"])
-        self.ckpt_dir = meta["dir"]
-        if self.pose is not None:
-            self.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or self.pose.state_dict())
-        if self.app is not None:  # shard 0 holds every image's embedding; this rank keeps its own
-            self.app.load_state_dict(ck.load_shard(meta, 0)["app_opt"])
-        if same_w:  # each rank continues its own stream
-            set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
-        else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
-            seed_rank_rng(self.cfg.seed, self.ctx.rank, self.start_step)
-        if not (self.cfg.eval_only or self.cfg.render_only):  # no training: no batch sequence to continue
-            self.batcher.load_state_dict(meta["state"]["batcher"])
-            self.balance.load_state_dict(meta["state"].get("balance"))
-            self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
-        if self.ctx.is_main:
-            log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
-                     self.start_step, n_all, meta["world_size"], self.ctx.world_size)
+        return image_sizes(self.widths, self.heights)
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:
@@ -750,23 +642,3 @@ def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
                      f"training cameras per step, and the scene has {n_train} ({n_train // world_size} per rank): "
                      f"{fix}")
 
-
-def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:
-    """Seeds torch's global RNG (CPU and CUDA) with a stream of its own for every
-    (seed, rank, step): a fresh run at step 0, a resume onto another W at its step."""
-    torch.manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0]))
-
-
-def rng_state(device: torch.device) -> Dict[str, Tensor]:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: Optional[Dict[str, Tensor]], device: torch.device) -> None:
-    if not state:
-        return
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
