@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_cameras
 from .faults import SaveGuard
 from .gaussians import initial_ids
 from .outputs import export_ply
+from .size_groups import image_sizes
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -145,12 +146,6 @@ class Checkpointer:
         if ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
                      t.start_step, n_all, meta["world_size"], ctx.world_size)
-
-
-def image_sizes(widths: np.ndarray, heights: np.ndarray) -> List[Tuple[int, int]]:
-    """The scene's distinct (width, height), sorted (numpy: no object per camera)."""
-    wh = np.unique(np.stack([widths, heights], 1), axis=0)  # [S, 2]
-    return [(int(w), int(h)) for w, h in wh.tolist()]
 
 
 def scene_fingerprint(scene: Any, width: int, height: int) -> Dict[str, Any]:
