@@ -309,7 +309,7 @@ def bench_config(data_dir: str, data_factor: int, batch: int, result_dir: str):
 
 class SetupMemo:
     """The scene and the initial Gaussians of Trainer.setup, computed once by the trainer's
-    own `load_scene` and `init_gaussians` and served to every later setup of the same scene
+    own `load_scene` and `init_gaussians` (model_init.py) and served to every later setup of the same scene
     (the rank processes load it from a file): reading and k-NN-ing a million points per rank
     and configuration would cost more than the timed steps. A call that differs (another
     scene, other points or options) runs the real function."""
@@ -328,13 +328,14 @@ class SetupMemo:
     def serving(self) -> Iterator["SetupMemo"]:
         """Within: Trainer.setup's load_scene and init_gaussians are served from the memo
         (filled by the first call)."""
+        import distsplat.train.model_init as mi
         import distsplat.train.trainer as tm
 
-        for name in ("load_scene", "init_gaussians"):
-            if not callable(getattr(tm, name, None)):
-                raise RuntimeError(f"scaling_gpu: distsplat.train.trainer.{name} is gone: Trainer.setup gets its scene "
+        for mod, name in ((tm, "load_scene"), (mi, "init_gaussians")):
+            if not callable(getattr(mod, name, None)):
+                raise RuntimeError(f"scaling_gpu: {mod.__name__}.{name} is gone: Trainer.setup gets its scene "
                                    "or initial Gaussians another way now; update SetupMemo")
-        real_scene, real_init = tm.load_scene, tm.init_gaussians
+        real_scene, real_init = tm.load_scene, mi.init_gaussians
 
         def load_scene(cfg):
             if self.scene is None:
@@ -355,11 +356,11 @@ class SetupMemo:
             return torch.nn.ParameterDict({k: torch.nn.Parameter(v[start:end].clone().to(device) if device else
                                                                  v[start:end].clone()) for k, v in self.init.items()})
 
-        tm.load_scene, tm.init_gaussians = load_scene, init_gaussians
+        tm.load_scene, mi.init_gaussians = load_scene, init_gaussians
         try:
             yield self
         finally:
-            tm.load_scene, tm.init_gaussians = real_scene, real_init
+            tm.load_scene, mi.init_gaussians = real_scene, real_init
 
     def save(self, path: Path) -> None:
         torch.save({"scene_key": self.scene_key, "scene": self.scene, "init_args": self.init_args, "init": self.init},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .train.cli import main as train_main
+from .cli import main as train_main
 from .viewer import attach_live_viewer
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from distsplat.distributed import destroy, init_distributed, raise_together, setup_logging
-from distsplat.train.cli import exit_bad_input
+from distsplat.cli import exit_bad_input
 from distsplat.viewer import LiveViewer, RenderModel, load_model, model_view, training_view
 
 log = logging.getLogger("distsplat.viewer")

@@ -158,6 +158,19 @@ class Balancer:
         tail = total[len(self.table):]
         return Agreement(costs, tail[:W].tolist(), [int(c) for c in tail[W:]])
 
+    def at(self, position: int, batcher: Any, train: np.ndarray, n_local: int) -> Optional[Agreement]:
+        """At batcher position `position` (every rank, every step): None unless the agreement
+        is due; then it runs, and `batcher` orders the next epoch by the agreed costs (`train`
+        [C_train]: each training camera's scene index)."""
+        spe = batcher.steps_per_epoch
+        epoch = self.due(position, spe)
+        if epoch is None:
+            return None
+        agreed = self.agree(n_local)
+        if agreed.costs is not None:
+            batcher.set_costs(epoch, agreed.costs[train], keep_from=position // spe)
+        return agreed
+
     def state_dict(self) -> Dict[str, Any]:
         """Every camera's pairs at its last render (one all-reduce: call on every rank), for the
         checkpoint: a resumed run agrees the same costs as an uninterrupted one."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -77,6 +77,24 @@ def visible_fraction(g: Dict[str, torch.Tensor], viewmats: torch.Tensor, Ks: tor
     counts = all_reduce_sum(torch.tensor([float(pairs), float(len(g["means"]) * len(Ks))], dtype=torch.float64,
                                          device=device))
     return float(counts[0] / counts[1]) if counts[1] > 0 else 1.0
+
+
+def for_global_batch(rule: str, batch: int, saved: Optional[Dict[str, Any]],
+                     gaussians: Callable[[], Dict[str, torch.Tensor]], viewmats: torch.Tensor, Ks: torch.Tensor,
+                     widths: np.ndarray, heights: np.ndarray, train: np.ndarray, *, backend: str,
+                     near_plane: float, far_plane: float) -> Dict[str, Any]:
+    """The learning-rate scaling of global batch `batch` ({rule, global_batch, visible_fraction,
+    factor}): with the visibility rule, p as a resumed run measured it (`saved`, for the same
+    rule and batch), else measured now on a sample of the training cameras `train` (scene
+    indices; viewmats, Ks, widths, heights: [C_all]) and the activated `gaussians()`."""
+    saved, p = saved or {}, None
+    if rule == "visibility" and batch > 1:
+        p = saved.get("visible_fraction") if (saved.get("rule"), saved.get("global_batch")) == (rule, batch) else None
+        if p is None:
+            cams = sample(train)  # [<= SAMPLE] scene indices
+            p = visible_fraction(gaussians(), viewmats[cams], Ks[torch.from_numpy(cams)], widths[cams], heights[cams],
+                                 backend=backend, near_plane=near_plane, far_plane=far_plane)
+    return {"rule": rule, "global_batch": batch, "visible_fraction": p, "factor": lr_factor(rule, batch, p)}
 
 
 def scale_learning_rates(optimizers: Dict[str, torch.optim.Optimizer], batch: int, factor: float) -> None:

@@ -7,20 +7,29 @@ ranks."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path, PurePosixPath
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds, distributed_rasterize
+from .gaussians import activated
 from .losses import psnr, ssim_eval
-from .outputs import save_image
+from .lpips import load_lpips, ready_lpips, short_lpips_note
+from .outputs import memory_gb, save_image, write_json
 from .size_groups import size_groups
 
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("distsplat.train.trainer")  # the trainer's log lines, as before the split
+
 METRICS = ("psnr", "ssim", "lpips")  # rows of the per-image score matrix
+NUM_RENDERS = 4  # test images saved side by side (ground truth | render) at each evaluation
 
 
 def test_owners(n_test: int, world_size: int) -> List[Tuple[int, int]]:
@@ -105,3 +114,64 @@ def evaluate(
     stats = {k: float(np.mean(scores[i])) for i, k in enumerate(METRICS)}
     stats.update(eval_time=time.perf_counter() - t0, num_test_images=n_test)
     return stats, {k: scores[i] for i, k in enumerate(METRICS)}
+
+
+class Evaluator:
+    """The trainer's evaluation at a step (every rank calls it): LPIPS loaded in setup (bad
+    --lpips_* files are setup's errors), its missing weights fetched once before the first
+    evaluation (`ready`: a download waits on the node's other ranks), then `evaluate` of the
+    trainer's Gaussians, the rank's train stats and rank 0's report (metrics.py)."""
+
+    def __init__(self, cfg: Any, ctx: DistContext, device: torch.device, min_side: int):
+        self.cfg, self.ctx, self.device, self.min_side = cfg, ctx, device, min_side
+        self.lpips, self.lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, device,
+                                                 min_side=min_side)
+        self.lpips_skipped = None if self.lpips is not None else self.lpips_note
+        self._ready = False
+
+    def ready(self, n_test: int) -> None:
+        """Once, before the first evaluation (every rank calls it): lpips.ready_lpips fetches
+        missing weights and agrees on every rank whether LPIPS is computed; rank 0 says so."""
+        if self._ready or n_test == 0:  # no test cameras: nothing to score
+            return
+        self._ready = True
+        cfg = self.cfg
+        self.lpips, note = ready_lpips(self.ctx, cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
+                                       self.min_side, self.lpips, self.lpips_note, log.info)
+        self.lpips_skipped = None if self.lpips is not None else note
+        if self.ctx.is_main:  # a skip's full advice goes into val_stepNNNN.json; the log keeps one short line
+            log.info("%s", note if self.lpips is not None else short_lpips_note(note))
+
+    def __call__(self, t: "Trainer", step: int, elapsed: Optional[float]) -> Dict[str, Any]:
+        """The stats of trainer `t`'s Gaussians at `step` (elapsed None: --eval_only)."""
+        ctx, device, sh = self.ctx, self.device, self.cfg.sh_degree
+        self.ready(len(t.test_idx))
+        test = t.test_idx.to(device)
+
+        def read(pos: int) -> Tensor:
+            cam = int(t.test_idx[pos])
+            out = np.empty((t.heights[cam], t.widths[cam], 3), dtype=np.uint8)
+            t.cache.read_into(cam, out)
+            return torch.from_numpy(out).to(device).float() / 255.0
+
+        names = [t.scene.names[i] for i in t.test_idx.tolist()]
+        stats, per_image = evaluate(
+            lambda: activated(t.params, sh), t.viewmats[t.test_idx], t.Ks[test],
+            t.widths[t.test_idx.numpy()], t.heights[t.test_idx.numpy()], read, names, ctx,
+            sh, t._render_kwargs(sh=sh), t.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
+        )
+        stats.update(num_GS=t.n_all, elapsed=elapsed, step=step)
+        if elapsed is None:  # eval only: no training time to report
+            stats.pop("elapsed")
+        else:
+            write_json(t.result_dir / "stats" / f"train_step{step:04d}_rank{ctx.rank}.json", {
+                "mem": memory_gb(device), "ellipse_time": elapsed,
+                "num_GS": len(t.params["means"]), "step": step,
+                **{k: t.metrics[k] for k in ("projected_max_over_mean", "rasterized_max_over_mean",
+                                             "pairs_projected", "pairs_rasterized") if k in t.metrics},
+            })
+        if ctx.is_main:
+            from .metrics import report_eval  # metrics.py reads this module's names
+
+            stats = report_eval(t.result_dir, step, stats, per_image, names, self.lpips_skipped, t.tb, NUM_RENDERS)
+        return stats

@@ -167,3 +167,19 @@ class TensorBoard:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def open_outputs(result_dir: Path, ctx: DistContext, cfg: Any, scene: Any) -> TensorBoard:
+    """The first write into the result dir (only once setup succeeded on every rank): rank 0's
+    resolved config (gsplat's cfg.yml; cfg_eval.yml without training) and, for training, the
+    world of this run's PLYs (coords.py: transform.json; cameras.json comes with the first PLY)."""
+    from .coords import write_transform  # coords.py writes through this module
+
+    tb = TensorBoard(result_dir, ctx)
+    if ctx.is_main:
+        result_dir.mkdir(parents=True, exist_ok=True)
+        name = "cfg.yml" if not (cfg.eval_only or cfg.render_only) else "cfg_eval.yml"
+        write_yaml(result_dir / name, cfg.to_dict())  # the resolved config, as gsplat's cfg.yml
+        if not (cfg.eval_only or cfg.render_only):
+            write_transform(result_dir, scene, cfg.ply_frame)
+    return tb

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-from ..data import DataError, Scene, load_blender, load_colmap, load_nerfstudio, make_synthetic_scene
+from ..data import DataError, ImageCache, Scene, load_blender, load_colmap, load_nerfstudio, make_synthetic_scene
 from ..data.discover import choose, describe_choice
+from ..data.heap import TRIM_FROM, trim_heap
 from ..data.shards import TarShardSource
 from ..data.synthetic import attach_images
 from ..data.tabletop import make_tabletop_scene
 from ..render import rasterize
 from .config import Config
-from .node_data import LISTED, listed
+from ..distributed.nodes import node_name
+from .node_data import LISTED, check_own_images, listed
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,24 @@ def load_scene(cfg: Config) -> Scene:
     if shards is not None and not cfg.node_local_data:
         check_all_indexed(scene)  # shared shards hold every image; node-local ones only the node's
     return scene
+
+
+def own_image_cache(cfg: Config, scene: Scene, own: List[int], device: torch.device, rank: int) -> ImageCache:
+    """This rank's image cache, of its own cameras `own` (scene indices) only; staged per node
+    or in shards, this rank must have every image it owns (node_data.py), checked first."""
+    if checks_own_images(cfg):
+        check_own_images(scene, own, f"{node_name()}, rank {rank},")
+    budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
+    cache = ImageCache(scene.images, scene.specs(), own, mode=cfg.cache, device=device, budget=budget, rank=rank)
+    if scene.num_cameras >= TRIM_FROM:
+        trim_heap()  # setup's freed [C_all] temporaries back to the OS (data/heap.py, issue 20)
+    return cache
+
+
+def scene_line(n_train: int, n_test: int, sizes: List[Tuple[int, int]], scale: float, n_all: int, W: int) -> str:
+    """Rank 0's line once setup succeeded: cameras, image sizes (the first four), scale, Gaussians."""
+    shown = ", ".join(f"{w}x{h}" for w, h in sizes[:4]) + (f" (+{len(sizes) - 4} sizes)" if len(sizes) > 4 else "")
+    return f"scene: {n_train} train / {n_test} test cameras at {shown}, scale {scale:.3f}; {n_all} Gaussians on {W} ranks"
 
 
 def checks_own_images(cfg: Config) -> bool:
@@ -167,3 +187,15 @@ def agree_cameras(scene: Scene, train: np.ndarray, batcher_state: dict, device: 
                        "--data_factor, --test_every) with the same --batch_size and --seed")
         e.agreed = True  # the same message on every rank (cli.main prints it once)
         raise e
+
+
+def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
+    """ValueError naming the flags unless every rank can draw --batch_size distinct cameras
+    of its own each step (the batcher's shards: n_train // world_size cameras each)."""
+    if n_train >= world_size * batch_size:
+        return
+    fix = (f"pass --batch_size {n_train // world_size} or less, or run on fewer ranks" if n_train >= world_size
+           else f"run on at most {n_train} ranks (--nproc_per_node) with --batch_size 1")
+    raise ValueError(f"--batch_size {batch_size} on {world_size} rank(s) needs {world_size * batch_size} distinct "
+                     f"training cameras per step, and the scene has {n_train} ({n_train // world_size} per rank): "
+                     f"{fix}")

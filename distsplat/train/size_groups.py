@@ -158,3 +158,9 @@ def merge_meta(metas: List[Dict[str, Any]], groups: List[SizeGroup], n_cameras: 
         "groups": metas,
     }
     return merged
+
+
+def image_sizes(widths: np.ndarray, heights: np.ndarray) -> List[Tuple[int, int]]:
+    """The scene's distinct (width, height), sorted (numpy: no object per camera)."""
+    wh = np.unique(np.stack([widths, heights], 1), axis=0)  # [S, 2]
+    return [(int(w), int(h)) for w, h in wh.tolist()]

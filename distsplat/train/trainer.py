@@ -9,20 +9,18 @@
     densification on local Gaussians; rebalance when ranks drift apart
     eval / checkpoint / PLY at their steps
 
-setup() builds everything, train() runs the loop, cleanup() releases workers and files.
+run() is one rank's lifecycle: flags agreed, setup() (no collective) agreed, extensions attached
+(the viewer, by distsplat.app), train() (or eval_only() / render_only()), cleanup(). Features are
+modules it calls (checkpointer.py, rebalance.py, evaluate.py, video.py, model_init.py, progress.py).
 """
 
 from __future__ import annotations
 
-import copy
-import math
 import logging
-import sys
-import time
+import math
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,47 +29,40 @@ from ..distributed import (
     CameraBatch,
     CameraBatcher,
     DistContext,
-    all_reduce_sum,
-    barrier,
-    chunk_bounds,
+    describe_failure,
     distributed_rasterize,
     gather_counts,
-    move_rows,
 )
 from . import batch_scaling
-from . import checkpoint as ck
-from . import strategy_ops
 from .config import Config
 from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
-from .app_opt import check_resume as check_app_resume, colour_kwargs, setup_app_opt
-from .evaluate import evaluate, test_owners
-from .lpips import load_lpips, ready_lpips, short_lpips_note
-from .metrics import report_eval
-from .trajectory import camera_path
-from .video import render_frames, write_mp4
-from .gaussians import (activated, adam_step, check_finite_params, create_optimizers, from_float_rows,
-                        init_gaussians, init_kind, init_line, initial_ids, random_points, to_float_rows)
+from .app_opt import colour_kwargs, setup_app_opt
+from .checkpoint import check_steps_left
+from .checkpointer import Checkpointer, seed_rank_rng
+from .evaluate import Evaluator, test_owners
+from .video import render_path
+from .gaussians import activated, adam_step, check_finite_params
+from .model_init import init_model, memory_guard
+from .progress import Progress
 from .losses import photometric_loss, resolve_ssim_impl
-from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes, render_working_bytes
 from .strategies import MCMCStrategy
-from .outputs import TensorBoard, export_ply, memory_gb, write_json, write_yaml
-from .coords import CAPTURE, NORMALIZED, frame_info, to_capture, write_cameras, write_transform
-from .faults import DivergenceGuard, SaveGuard
-from .balance import Balancer, WorkMeter, interleave, pair_bounds
-from ..data.heap import TRIM_FROM, trim_heap
+from .outputs import TensorBoard, open_outputs
+from .run_checks import agree, check_flags
+from .faults import DivergenceGuard
+from .balance import Balancer, WorkMeter
+from .rebalance import Rebalancer, move_gaussians
 from ..profiling import StepRanges
 from ..transfer import to_device
-from .scene_setup import agree_cameras, checks_own_images, load_scene, scene_scale
-from .size_groups import group_cameras, group_images, merge_meta, size_groups
-from .node_data import check_own_images
-from ..distributed.nodes import node_name
+from .scene_setup import (agree_cameras, check_batch_size, load_scene, own_image_cache, scene_line,
+                          scene_scale)
+from .size_groups import group_cameras, group_images, image_sizes, merge_meta, size_groups
 
 log = logging.getLogger(__name__)
 
-# Per-Gaussian strategy state: DefaultStrategy's accumulators and every Gaussian's id.
-PER_GAUSSIAN_STATE = ("grad2d", "count", "radii", "uid")
-NUM_RENDERS = 4  # test images saved side by side (ground truth | render) at each evaluation
+# An extension attaches to the trainer after setup (e.g. the live viewer, a layer above
+# this one, wired in by distsplat.app) and returns a function that releases it, or None.
+Extension = Callable[[Config, Any, Any], Optional[Callable[[], None]]]
 
 
 class Trainer:
@@ -82,7 +73,6 @@ class Trainer:
         self.loader: Optional[ImageLoader] = None
         self.cache: Optional[ImageCache] = None
         self.tb: Optional[TensorBoard] = None
-        self.cameras_written = False  # cameras.json (rank 0), with the first save
         self.metrics: Dict[str, Any] = {}
         # Called as hook(trainer, step) on EVERY rank after each step (e.g. the viewer). Hooks
         # that need collectives must call them on every rank in the same order; with no hook
@@ -92,17 +82,52 @@ class Trainer:
         # the viewer's --viewer_keep_open); the same collective rule as step_hooks.
         self.end_hooks: List[Callable[["Trainer"], None]] = []
         self.where = "during setup"  # for failure reports: what this rank was doing
-
-        self._warned_newer = False
-        self.saves = SaveGuard(ctx, self.device, self.result_dir / "ckpts")  # a full disk skips a save
+        self.checkpointer = Checkpointer(ctx, self.device, self.result_dir)  # save, resume (a full disk skips a save)
         self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps)  # NaN/Inf steps are skipped
         self.ranges = StepRanges()  # named parts of train_step for torch.profiler (benchmarks time them)
         self.work = WorkMeter(ctx, self.device)  # how evenly the ranks share each step's pairs (balance.py)
+        self.rebalancer = Rebalancer(ctx, self.device, cfg.rebalance_ratio, cfg.balance_pairs, cfg.balance_pairs_ratio)
+
+    def run(self, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
+        """One rank's whole run: check the flags, setup(), attach the extensions, then train()
+        (or --eval_only / --render_only), releasing everything at the end. Bad input (config,
+        data, checkpoint) raises ValueError with the same message on every rank, before any
+        collective can hang: setup runs no collective, and its outcome is agreed by every rank
+        at its end. An exception later carries `report`, a line naming the rank that failed and where."""
+        cfg, ctx = self.cfg, self.ctx
+        closers = []
+        try:
+            check_flags(cfg, ctx)  # the same on every rank: a bad flag is one line, before anything is written
+            if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
+                cfg.disable_viewer = True
+
+            def setup() -> None:
+                self.setup()
+                if cfg.ckpt is not None and not (cfg.eval_only or cfg.render_only):  # a resume that trains nothing
+                    check_steps_left(self.ckpt_dir, self.start_step, cfg.max_steps, cfg.steps_scaler)
+
+            agree(ctx, setup, "setup")  # bad data or checkpoint on any rank: the same error on every rank
+            # Only now (flags, data and checkpoint are good): a viewer's banner never precedes a bad input's error
+            for extension in extensions:  # each agrees on its own start-up errors
+                closers.append(extension(cfg, ctx, self))
+            if cfg.eval_only:
+                return self.eval_only()
+            if cfg.render_only:
+                return self.render_only()
+            return self.train()
+        except Exception as e:
+            e.report = describe_failure(ctx, e, self.where)  # type: ignore[attr-defined]
+            raise
+        finally:
+            for close in reversed(closers):
+                if close is not None:
+                    close()
+            self.cleanup()
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         """Builds everything this rank needs. It runs no collective, so that a failure on
-        some ranks can be agreed by all of them afterwards (cli.run: raise_together), and
+        some ranks can be agreed by all of them afterwards (run: raise_together), and
         writes nothing, so that a failure leaves the result dir as it was."""
         cfg, ctx = self.cfg, self.ctx
         # "fused" (fused-ssim's kernels) or "torch"; rank 0 says which on a GPU
@@ -128,14 +153,8 @@ class Trainer:
         self.app = setup_app_opt(cfg, len(self.train_idx), self.batcher.own_cameras(r), cfg.batch_size * W,
                                  self.device)  # None without --app_opt; embeddings of own images only
         t0, t1 = test_owners(len(self.test_idx), W)[r]
-        own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])
-        if checks_own_images(cfg):  # staged per node, or shards: this rank must have all it owns (node_data.py)
-            check_own_images(scene, own.tolist(), f"{node_name()}, rank {r},")
-        budget = None if cfg.cache_budget_gb is None else int(cfg.cache_budget_gb * 2**30)
-        self.cache = ImageCache(scene.images, scene.specs(), own.tolist(), mode=cfg.cache, device=self.device,
-                                budget=budget, rank=r)
-        if scene.num_cameras >= TRIM_FROM:
-            trim_heap()  # setup's freed [C_all] temporaries back to the OS (data/heap.py, issue 20)
+        own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])  # this rank's images
+        self.cache = own_image_cache(cfg, scene, own.tolist(), self.device, r)  # checked, if staged or sharded
 
         self.depth = (DepthTargets(scene, own.tolist(), None, None, self.scene_scale, self.device,
                                    warn=ctx.is_main) if cfg.depth_loss else None)  # own cameras' SfM depths
@@ -148,18 +167,15 @@ class Trainer:
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         self._saved_lr_batch = None  # a resumed run's learning-rate scaling (batch_scaling.py)
         if cfg.ckpt is not None:
-            self._resume(cfg.ckpt)
+            self.checkpointer.resume(self, cfg.ckpt)
         # The renders do not check the parameters every step: here, where they come from
         check_finite_params(self.params, f"--ckpt {cfg.ckpt}" if cfg.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")
         self._init_memory_guard()
         # Bad --lpips_* files are setup's errors; weights missing from the usual places are
-        # fetched after setup (_ready_lpips: a download waits on the node's other ranks)
+        # fetched after setup (Evaluator.ready: a download waits on the node's other ranks)
         self.min_side = int(min(scene.widths.min(), scene.heights.min()))
-        self.lpips, self.lpips_note = load_lpips(cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
-                                                 min_side=self.min_side)
-        self.lpips_skipped = None if self.lpips is not None else self.lpips_note
-        self._lpips_ready = False
+        self.evaluator = Evaluator(cfg, ctx, self.device, self.min_side)
         if cfg.eval_only or cfg.render_only:  # no training: no training images to read ahead
             return
         self.loader = ImageLoader(
@@ -167,81 +183,22 @@ class Trainer:
             num_workers=cfg.num_workers, prefetch=cfg.prefetch, device=self.device,
         )
         if ctx.is_main:
-            sizes = self._image_sizes()
-            log.info("scene: %d train / %d test cameras at %s, scale %.3f; %d Gaussians on %d ranks",
-                     len(self.train_idx), len(self.test_idx), ", ".join(f"{w}x{h}" for w, h in sizes[:4])
-                     + (f" (+{len(sizes) - 4} sizes)" if len(sizes) > 4 else ""), self.scene_scale, self.n_all, W)
+            sizes = image_sizes(self.widths, self.heights)
+            log.info("%s", scene_line(len(self.train_idx), len(self.test_idx), sizes, self.scene_scale, self.n_all, W))
 
     def _init_gaussians(self) -> None:
-        cfg, ctx = self.cfg, self.ctx
-        init = init_kind(cfg.init_type, len(self.scene.points))
-        if init == "sfm":
-            points = torch.from_numpy(self.scene.points).float()
-            rgbs = torch.from_numpy(self.scene.points_rgb).float() / 255.0
-            if cfg.balance_pairs:  # every rank's chunk samples the whole scene (balance.py)
-                order = torch.from_numpy(interleave(len(points), cfg.seed))
-                points, rgbs = points[order], rgbs[order]
-        else:
-            points, rgbs = random_points(cfg.init_num_pts, cfg.init_extent * self.scene_scale, cfg.seed)
-        if ctx.is_main and cfg.init_type == "auto" and cfg.ckpt is None:
-            log.info("%s", init_line(init, len(points), cfg.init_extent, self.scene_scale))
-        self.n_all = len(points)
-        bounds = chunk_bounds(self.n_all, ctx.world_size)[ctx.rank]
-        self.params = init_gaussians(points, rgbs, cfg.sh_degree, bounds, init_opacity=cfg.init_opa,
-                                     init_scale=cfg.init_scale, seed=cfg.seed, device=self.device,
-                                     feature_dim=32 if cfg.app_opt else None)
-        lrs = {"means": cfg.means_lr, "scales": cfg.scales_lr, "opacities": cfg.opacities_lr,
-               "quats": cfg.quats_lr, "sh0": cfg.sh0_lr, "shN": cfg.shN_lr,
-               "features": cfg.sh0_lr, "colors": cfg.sh0_lr}  # --app_opt's, as gsplat
-        self.optimizers = create_optimizers(self.params, cfg.batch_size * ctx.world_size,
-                                            self.scene_scale, lrs)  # lr x sqrt(B), until _scale_lrs
+        """This rank's chunk of the initial Gaussians, its optimizers and strategy (model_init.py)."""
+        m = init_model(self.cfg, self.ctx, self.device, self.scene, self.scene_scale)
+        self.n_all, self.params, self.optimizers, self.lr_batch = m.n_all, m.params, m.optimizers, m.lr_batch
+        self.strategy, self.strategy_state = m.strategy, m.strategy_state
         self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
-        B = cfg.batch_size * ctx.world_size  # train() rescales them by --lr_batch_scaling (_scale_lrs)
-        self.lr_batch = {"rule": "sqrt", "global_batch": B, "visible_fraction": None, "factor": math.sqrt(B)}
         self.noise_scale = 1.0
-        strategy_ops.install()
-        self.strategy = copy.deepcopy(cfg.strategy)
-        if isinstance(self.strategy, MCMCStrategy):
-            if ctx.is_main and self.n_all > self.strategy.cap_max:  # gsplat runs on too: warn, do not refuse
-                log.warning("--strategy.cap_max %d is below the %d initial Gaussians: MCMC will relocate but never add "
-                            "Gaussians; raise --strategy.cap_max or start from fewer (--init_type random "
-                            "--init_num_pts N)", self.strategy.cap_max, self.n_all)
-            # The global cap, split like the Gaussians: rank r may grow to its share.
-            cap = chunk_bounds(self.strategy.cap_max, ctx.world_size)[ctx.rank]
-            self.strategy.cap_max = max(cap[1] - cap[0], 1)
-            self.strategy_state = self.strategy.initialize_state()
-        else:
-            self.strategy_state = self.strategy.initialize_state(scene_scale=self.scene_scale)
-        # Persistent Gaussian ids, their global indices now (densification names and draws by id).
-        self.strategy_state.update(uid=initial_ids(bounds, self.device), seed=cfg.seed)
-        self.strategy.check_sanity(self.params, self.optimizers)
 
     def _init_memory_guard(self) -> None:
         """Growth of this rank's Gaussians stops near its memory limit (memory.py)."""
-        cfg = self.cfg
-        if cfg.memory_limit_gb is None:
-            limit, source = default_limit(self.device)
-        else:
-            limit, source = int(cfg.memory_limit_gb * 2**30), f"--memory_limit_gb {cfg.memory_limit_gb:g}"
-        mcmc = isinstance(self.strategy, MCMCStrategy)
-        # float32 slots: the int64 id (2), grad2d, count (, radii)
-        accumulators = 2 + (0 if mcmc else 2 + (self.strategy.refine_scale2d_stop_iter > 0))
-        advice = ("lower --strategy.cap_max" if mcmc else
-                  "densify less (a higher --strategy.grow_grad2d, an earlier --strategy.refine_stop_iter)")
-        # One render call per image size of a step's batch (train_step), each under the budget.
-        train = self.train_np
-        sizes = np.unique(self.widths[train].astype(np.int64) << 32 | self.heights[train])  # no tuple per camera
-        calls = min(cfg.batch_size * self.ctx.world_size, len(sizes))
-        working = render_working_bytes(cfg.backend, self.device, calls)
-        self.memory_guard = MemoryGuard(limit, cfg.memory_fraction, self.ctx.rank, accumulators=accumulators,
-                                        advice=advice, device=self.device, limit_source=source, working=working)
+        self.memory_guard = memory_guard(self.cfg, self.ctx, self.device, self.strategy, self.params,
+                                         self.widths, self.heights, self.train_np)
         self.strategy.growth_check = self.memory_guard.allow
-        self._rebalance_held = False
-        if self.ctx.is_main and not (cfg.eval_only or cfg.render_only):  # nothing grows without training
-            b, r = bytes_per_gaussian(dict(self.params), accumulators)
-            log.info("memory guard: growth stops past %.0f%% of %s per rank (%s); %d B per Gaussian "
-                     "+ %d B per held Gaussian while growing + %s of the renderer's working memory per step",
-                     100 * cfg.memory_fraction, fmt_bytes(limit), source, b, r, fmt_bytes(working))
         self.memory_guard.check_setup(self.params, self.optimizers, self.strategy_state)
 
     # -------------------------------------------------------------- schedule
@@ -262,24 +219,16 @@ class Trainer:
         """Learning rates for the global batch (batch_scaling.py): the visible fraction p
         measured now (one all-reduce, so after setup's agreement), or the one a resumed run
         measured."""
-        cfg, ctx = self.cfg, self.ctx
-        B, rule = len(self._batch(self.start_step).cameras), cfg.lr_batch_scaling  # the global batch a step draws
-        saved = self._saved_lr_batch or {}
-        p = None
-        if rule == "visibility" and B > 1:
-            p = saved.get("visible_fraction") if (saved.get("rule"), saved.get("global_batch")) == (rule, B) else None
-            if p is None:
-                cams = batch_scaling.sample(self.train_np)  # [<= SAMPLE] scene indices
-                p = batch_scaling.visible_fraction(
-                    activated(self.params, 0), self.viewmats[cams], self.Ks[torch.from_numpy(cams)],
-                    self.widths[cams], self.heights[cams], backend=cfg.backend, near_plane=cfg.near_plane,
-                    far_plane=cfg.far_plane)
-        factor = batch_scaling.lr_factor(rule, B, p)
+        cfg, B = self.cfg, len(self._batch(self.start_step).cameras)  # the global batch a step draws
+        self.lr_batch = batch_scaling.for_global_batch(
+            cfg.lr_batch_scaling, B, self._saved_lr_batch, lambda: activated(self.params, 0), self.viewmats, self.Ks,
+            self.widths, self.heights, self.train_np, backend=cfg.backend, near_plane=cfg.near_plane,
+            far_plane=cfg.far_plane)
+        factor = self.lr_batch["factor"]
         batch_scaling.scale_learning_rates(self.optimizers, B, factor)
         self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
         self.noise_scale = math.sqrt(B) / factor  # MCMC's noise: lr x sqrt(B) whatever the rule
-        self.lr_batch = {"rule": rule, "global_batch": B, "visible_fraction": p, "factor": factor}
-        if ctx.is_main and B > 1:
+        if self.ctx.is_main and B > 1:
             log.info("%s", batch_scaling.describe(self.lr_batch))
 
     def _means_lr(self, step: int) -> float:
@@ -303,52 +252,26 @@ class Trainer:
         agree_cameras(self.scene, self.train_np, self.batcher.state_dict(), self.device)
         self._scale_lrs()  # the learning rates for the global batch (one all-reduce: not in setup)
         self._open_outputs()
-        self._ready_lpips()  # said (and fetched) before the steps, not at the first evaluation
+        self.evaluator.ready(len(self.test_idx))  # LPIPS said (and fetched) before the steps, not at the first eval
         eval_steps = {s for s in cfg.eval_steps if s > 0}
         save_steps = {s for s in cfg.save_steps if s > 0}
         # The final state is always evaluated and saved, whatever --max_steps cuts off.
         eval_steps.add(cfg.max_steps)
         save_steps.add(cfg.max_steps)
-        progress = None
-        if ctx.is_main:
-            from tqdm import tqdm
-
-            # A bar on a terminal; in logs (CI, torchrun to files) one line per --log_every.
-            progress = tqdm(total=cfg.max_steps, initial=self.start_step, dynamic_ncols=True,
-                            disable=not sys.stderr.isatty())
-        t_start = time.perf_counter()
-        loss_sum, loss_n = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
+        progress = Progress(ctx.is_main, self.start_step, cfg.max_steps, self.device)  # rank 0's bar or log lines
         for step in range(self.start_step, cfg.max_steps):
             self.where = f"at step {step}"
             loss = self.train_step(step).detach()
             done = step + 1
-            found = self.divergence.found  # [] on the device: 1.0 for a NaN/Inf step, skipped on every rank
-            if found is None:
-                loss_sum, loss_n = loss_sum + loss, loss_n + 1
-            else:  # masked on the device: a skipped step's loss is left out of the average
-                loss_sum, loss_n = loss_sum + torch.where(found > 0, 0.0, loss), loss_n + (1.0 - found)
-            # The first step logs too: a slow run (CPU, big images) shows it is alive and its pace
-            # before --log_every steps; a step count, not a clock, so every rank agrees (the work
-            # summary below is a collective)
-            log_step = done % cfg.log_every == 0 or done == cfg.max_steps or done == self.start_step + 1
+            progress.add(loss, self.divergence.found)  # a NaN/Inf step is skipped on every rank, its loss left out
+            log_step = progress.is_log_step(done, cfg.log_every)
             # The flags are read on the host lazily, all of them before a log, save or eval (faults.py)
             if self.divergence.poll(done, flush=log_step or done in save_steps or done in eval_steps):
                 # --max_bad_steps in a row: keep the last good state (no bad step changed it), stop
                 raise self.divergence.error(self.save(done), self.result_dir / "ckpts", done)
-            if log_step:
-                self.metrics["loss"] = (loss_sum / loss_n).item()  # one sync; nan when every step was skipped
-                loss_sum, loss_n = torch.zeros((), device=self.device), torch.zeros((), device=self.device)
-                self.metrics["steps_per_s"] = (done - self.start_step) / (time.perf_counter() - t_start)
-                self.metrics.update(self.work.summary())  # one all-reduce per log interval
-                if progress is not None:
-                    progress.set_postfix(loss=f"{self.metrics['loss']:.4f}", GS=self.n_all)
-                    if progress.disable:
-                        log.info("step %d/%d: loss %.4f, %.2f steps/s, %d Gaussians; work max/mean: projected "
-                                 "%.2f, rasterized %.2f", done, cfg.max_steps, self.metrics["loss"],
-                                 self.metrics["steps_per_s"], self.n_all, self.metrics["projected_max_over_mean"],
-                                 self.metrics["rasterized_max_over_mean"])
-            if progress is not None:
-                progress.update(1)
+            if log_step:  # one sync for the loss, one all-reduce for the work summary
+                progress.report(done, self.n_all, self.metrics, self.work.summary)
+            progress.update()
             if done % cfg.tb_every == 0 and "loss" in self.metrics:
                 self.tb.scalars(done, {"train/loss": self.metrics["loss"], "train/num_GS": self.n_all})
             for hook in self.step_hooks:
@@ -358,10 +281,9 @@ class Trainer:
                 self.save(done)
             if done in eval_steps:
                 self.where = f"evaluating step {done}"
-                self.eval(done, time.perf_counter() - t_start)
-        if progress is not None:
-            progress.close()
-        self.saves.report_end(self.metrics)  # which saves a full disk skipped
+                self.eval(done, progress.elapsed())
+        progress.close()
+        self.checkpointer.saves.report_end(self.metrics)  # which saves a full disk skipped
         self.where = "after training"
         for hook in self.end_hooks:
             hook(self)
@@ -369,13 +291,7 @@ class Trainer:
 
     def _open_outputs(self) -> None:
         """The first write into the result dir: only once setup succeeded on every rank."""
-        self.tb = TensorBoard(self.result_dir, self.ctx)
-        if self.ctx.is_main:
-            self.result_dir.mkdir(parents=True, exist_ok=True)
-            name = "cfg.yml" if not (self.cfg.eval_only or self.cfg.render_only) else "cfg_eval.yml"
-            write_yaml(self.result_dir / name, self.cfg.to_dict())  # the resolved config, as gsplat's cfg.yml
-            if not (self.cfg.eval_only or self.cfg.render_only):  # the world of this run's PLYs (coords.py)
-                write_transform(self.result_dir, self.scene, self.cfg.ply_frame)  # cameras.json: with the first PLY
+        self.tb = open_outputs(self.result_dir, self.ctx, self.cfg, self.scene)
 
     def train_step(self, step: int) -> Tensor:
         cfg = self.cfg
@@ -466,129 +382,36 @@ class Trainer:
         else:
             self.strategy.step_post_backward(self.params, self.optimizers, self.strategy_state,
                                              step, meta, packed=self.cfg.packed, good=good)
-        if self._is_refine_step(step):
+        if self._is_refine_step(step):  # the ranks' counts drift apart as they grow: rebalance (rebalance.py)
             counts = gather_counts(len(self.params["means"]), self.device)
             self.n_all = sum(counts)
-            if max(counts) > self.cfg.rebalance_ratio * max(min(counts), 1) and self._receivers_have_room(counts):
+            if self.rebalancer.drifted(counts) and self._receivers_have_room(counts):
                 self._rebalance(counts)
 
     def _balance_point(self, step: int) -> None:
         """Where balance.py's agreement is due (once per epoch, `--prefetch` steps before it
         ends): the next epoch's camera costs, and chunk boundaries by projected pairs when the
         ranks' pairs drifted apart."""
-        spe = self.batcher.steps_per_epoch
-        position = self.batch_start + step - self.start_step
-        epoch = self.balance.due(position, spe)
-        if epoch is None:
-            return
-        agreed = self.balance.agree(len(self.params["means"]))
-        if agreed.costs is not None:
-            self.batcher.set_costs(epoch, agreed.costs[self.train_np], keep_from=position // spe)
-        if not self.cfg.balance_pairs or agreed.pair_imbalance() <= self.cfg.balance_pairs_ratio:
-            return
-        target = pair_bounds(agreed.counts, agreed.pairs_per_gaussian, 1 + (self.cfg.rebalance_ratio - 1) / 2)
-        if [e - s for s, e in target] != agreed.counts and self._receivers_have_room(agreed.counts, target):
+        agreed = self.balance.at(self.batch_start + step - self.start_step, self.batcher, self.train_np,
+                                 len(self.params["means"]))
+        target = None if agreed is None else self.rebalancer.pairs_target(agreed)
+        if target is not None and self._receivers_have_room(agreed.counts, target):
             self._rebalance(agreed.counts, target, f"projected pairs max/mean {agreed.pair_imbalance():.3f}")
 
     def _receivers_have_room(self, counts: List[int], target: Optional[List[Tuple[int, int]]] = None) -> bool:
-        """Whether every rank that a rebalance would give Gaussians to has the memory for
-        them (one all-reduce of W flags, only on steps that would rebalance). A rank whose
-        growth stopped for memory would be pushed over by receiving, so the rebalance waits
-        (the ranks stay uneven, but none runs out of memory); ranks that give are relieved."""
-        W, r = self.ctx.world_size, self.ctx.rank
-        start, end = (target or chunk_bounds(sum(counts), W))[r]
-        incoming = (end - start) - counts[r]
-        full = torch.zeros(W, dtype=torch.int64, device=self.device)
-        full[r] = int(incoming > 0 and not self.memory_guard.fits(self.params, incoming))
-        full_ranks = [q for q, f in enumerate(all_reduce_sum(full).tolist()) if f]
-        if bool(full_ranks) != self._rebalance_held:
-            self._rebalance_held = bool(full_ranks)
-            if self.ctx.is_main:
-                if full_ranks:
-                    log.warning("rebalancing waits: rank(s) %s would receive Gaussians but are near their memory "
-                                "limit; per-rank counts stay %s", full_ranks, counts)
-                else:
-                    log.warning("rebalancing resumes: every receiving rank has room again (counts %s)", counts)
-        return not full_ranks
+        return self.rebalancer.receivers_have_room(counts, target, lambda n: self.memory_guard.fits(self.params, n))
 
-    def _rebalance(self, counts, target: Optional[List[Tuple[int, int]]] = None, why: str = "") -> None:
-        """Moves Gaussians (with their Adam moments and strategy accumulators) so every
-        rank holds its near-equal contiguous chunk again, or its chunk of `target`."""
-        target = target or chunk_bounds(sum(counts), self.ctx.world_size)
-        n_local = counts[self.ctx.rank]
-        rows: Dict[str, Tensor] = {}
-        for name, p in self.params.items():
-            rows[f"p/{name}"] = p.detach()
-            state = self.optimizers[name].state.get(p, {})
-            for k in ("exp_avg", "exp_avg_sq"):
-                rows[f"m/{name}/{k}"] = state[k] if k in state else torch.zeros_like(p)
-        for k in PER_GAUSSIAN_STATE:
-            v = self.strategy_state.get(k)
-            if isinstance(v, Tensor) and v.shape[:1] == (n_local,):
-                rows[f"s/{k}"] = to_float_rows(v)  # ids travel exactly
-        moved = move_rows(rows, counts, target)
-        payload = {"params": {}, "optim": {}, "per_gaussian": {}}
-        for name, p in self.params.items():
-            payload["params"][name] = moved[f"p/{name}"]
-            step_t = self.optimizers[name].state.get(p, {}).get("step", torch.tensor(0.0))
-            payload["optim"][name] = {"step": step_t, "exp_avg": moved[f"m/{name}/exp_avg"],
-                                      "exp_avg_sq": moved[f"m/{name}/exp_avg_sq"]}
-        payload["per_gaussian"] = {k[2:]: v for k, v in moved.items() if k.startswith("s/")}
-        extra = ck.load_rows_into(payload, self.params, self.optimizers, self.device)
-        for k, v in extra.items():
-            self.strategy_state[k] = from_float_rows(v, self.strategy_state[k].dtype)
-        if isinstance(self.strategy, MCMCStrategy):  # each rank keeps its headroom under the global cap
-            self.strategy.cap_max += (target[self.ctx.rank][1] - target[self.ctx.rank][0]) - n_local
+    def _rebalance(self, counts: List[int], target: Optional[List[Tuple[int, int]]] = None, why: str = "") -> None:
+        """Moves Gaussians and their optimizer and strategy state into the chunks of `target`
+        (None: near-equal ones); rebalance.py."""
+        move_gaussians(self.ctx, self.device, self.params, self.optimizers, self.strategy, self.strategy_state,
+                       counts, target, why)
         self.balance.rows_moved()
-        if self.ctx.is_main:
-            log.info("rebalanced %d Gaussians%s: per-rank counts %s -> %s", sum(counts), f" ({why})" if why else "",
-                     counts, [e - s for s, e in target])
 
     # ------------------------------------------------------------ eval / save
-    def _ready_lpips(self) -> None:
-        """Once, before the first evaluation (every rank calls it): lpips.ready_lpips fetches
-        missing weights and agrees on every rank whether LPIPS is computed; rank 0 says so."""
-        if self._lpips_ready or len(self.test_idx) == 0:  # no test cameras: nothing to score
-            return
-        self._lpips_ready = True
-        cfg = self.cfg
-        self.lpips, note = ready_lpips(self.ctx, cfg.lpips_net, cfg.lpips_weights, cfg.lpips_heads, self.device,
-                                       self.min_side, self.lpips, self.lpips_note, log.info)
-        self.lpips_skipped = None if self.lpips is not None else note
-        if self.ctx.is_main:  # a skip's full advice goes into val_stepNNNN.json; the log keeps one short line
-            log.info("%s", note if self.lpips is not None else short_lpips_note(note))
-
     def eval(self, step: int, elapsed: Optional[float]) -> Dict[str, Any]:
-        ctx = self.ctx
-        self._ready_lpips()
-        test = self.test_idx.to(self.device)
-
-        def read(pos: int) -> Tensor:
-            cam = int(self.test_idx[pos])
-            out = np.empty((self.heights[cam], self.widths[cam], 3), dtype=np.uint8)
-            self.cache.read_into(cam, out)
-            return torch.from_numpy(out).to(self.device).float() / 255.0
-
-        names = [self.scene.names[i] for i in self.test_idx.tolist()]
-        stats, per_image = evaluate(
-            lambda: activated(self.params, self.cfg.sh_degree), self.viewmats[self.test_idx], self.Ks[test],
-            self.widths[self.test_idx.numpy()], self.heights[self.test_idx.numpy()], read, names, ctx,
-            self.cfg.sh_degree, self._render_kwargs(sh=self.cfg.sh_degree),
-            self.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
-        )
-        stats.update(num_GS=self.n_all, elapsed=elapsed, step=step)
-        if elapsed is None:  # eval only: no training time to report
-            stats.pop("elapsed")
-        else:
-            write_json(self.result_dir / "stats" / f"train_step{step:04d}_rank{ctx.rank}.json", {
-                "mem": memory_gb(self.device), "ellipse_time": elapsed,
-                "num_GS": len(self.params["means"]), "step": step,
-                **{k: self.metrics[k] for k in ("projected_max_over_mean", "rasterized_max_over_mean",
-                                                "pairs_projected", "pairs_rasterized") if k in self.metrics},
-            })
-        if ctx.is_main:
-            stats = report_eval(self.result_dir, step, stats, per_image, names, self.lpips_skipped, self.tb,
-                                NUM_RENDERS)
+        """The test cameras' scores at `step` (evaluate.py; every rank calls it)."""
+        stats = self.evaluator(self, step, elapsed)
         self.metrics.update({f"val_{k}": v for k, v in stats.items()})
         return stats
 
@@ -601,133 +424,20 @@ class Trainer:
 
     def render_only(self) -> Dict[str, Any]:
         """--render_only: a camera path through the checkpoint that setup() loaded, as PNG
-        frames (RGB | depth) and an MP4 in R/videos/, rendered with the distributed render."""
+        frames (RGB | depth) and an MP4 in R/videos/, rendered with the distributed render (video.py)."""
         cfg = self.cfg
         self._open_outputs()
         self.where = "rendering the camera path"
-        c2w = camera_path(cfg.render_traj_path, self.scene.camtoworlds[self.scene.train], cfg.render_traj_frames)
-        viewmats = torch.from_numpy(np.linalg.inv(c2w)).float().to(self.device)  # [F, 4, 4]
-        frames = self.result_dir / "videos" / f"traj_{cfg.render_traj_path}_step{self.start_step:04d}"
         first = int(self.train_idx[0])  # the path is seen through the first training camera, at its size
-        n = render_frames(lambda: activated(self.params, cfg.sh_degree), viewmats, self.Ks[first],
-                          int(self.widths[first]), int(self.heights[first]), self.ctx, cfg.sh_degree,
-                          self._render_kwargs(sh=cfg.sh_degree), frames)
-        mp4 = write_mp4(frames, n, frames.with_suffix(".mp4"), cfg.render_fps) if self.ctx.is_main else None
-        if self.ctx.is_main:
-            log.info("rendered %d frames (RGB | depth) to %s%s", n, frames, f" and {mp4}" if mp4 else "")
-        self.metrics.update(frames=n, frames_dir=str(frames), video=str(mp4) if mp4 else None)
+        self.metrics.update(render_path(
+            cfg, self.ctx, self.scene.camtoworlds[self.scene.train], lambda: activated(self.params, cfg.sh_degree),
+            self.Ks[first], int(self.widths[first]), int(self.heights[first]), self._render_kwargs(sh=cfg.sh_degree),
+            self.result_dir, self.start_step))
         return self.metrics
 
     def save(self, step: int) -> bool:
-        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
-        full disk on any rank skips either on every rank, and training goes on (faults.py)."""
-        ctx, root = self.ctx, self.result_dir / "ckpts"
-        counts = gather_counts(len(self.params["means"]), self.device)
-        self.n_all = sum(counts)
-        per_gaussian = {k: v for k, v in self.strategy_state.items()
-                        if k in PER_GAUSSIAN_STATE and isinstance(v, Tensor)}
-        payload = ck.shard_payload(self.params, self.optimizers, per_gaussian)
-        payload["rng"] = rng_state(self.device)  # densification draws from it
-        if self.pose is not None:  # identical on every rank; any shard restores it
-            payload["pose_opt"] = self.pose.state_dict()
-        if self.app is not None:  # every rank's embedding rows in one table (one all-reduce), in shard 0
-            app_state = self.app.state_dict()
-            if ctx.is_main:
-                payload["app_opt"] = app_state
-        balance = self.balance.state_dict()  # every camera's last pairs (one all-reduce): the next costs
-
-        def finalize() -> None:  # rank 0, once every shard is written
-            epoch, in_epoch = self._batch_pos(step)
-            state = {"config": self.cfg.to_dict(), "scene": self._scene_fingerprint(),
-                     "batcher": {**self.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
-                     "frame": frame_info(self.scene.transform, NORMALIZED),  # the checkpoint's Gaussians' world
-                     "lr_batch": self.lr_batch, **({"balance": balance} if balance else {})}
-            ck.finalize(root, step, counts, state, keep=self.cfg.keep_ckpts)
-            newer = ck.newer_checkpoints(root, step)
-            if newer and not self._warned_newer:
-                self._warned_newer = True
-                log.warning("%s holds checkpoints newer than this run's step %d (%s), from another "
-                            "run: they are kept, and --ckpt %s resumes from the newest of them",
-                            root, step, ", ".join(p.name for p in newer), root)
-
-        saved = self.saves.checkpoint(step, payload, finalize)
-        if self.cfg.save_ply:
-            start = sum(counts[: ctx.rank])
-            gaussians = dict(self.params) if self.app is None else self.app.baked(self.params)  # --app_opt: as gsplat
-            if self.cfg.ply_frame == CAPTURE:
-                gaussians = to_capture(gaussians, self.scene.transform)
-            export_ply(self.result_dir, step, gaussians, start, self.n_all, ctx, self.saves)
-        if not self.cameras_written:  # the PLY's cameras (coords.py), once; a full disk: the next save
-            write = lambda: write_cameras(self.result_dir, self.scene, self.cfg.ply_frame)  # noqa: E731
-            self.cameras_written = self.saves.run("cameras.json", lambda r: self.result_dir / "cameras.json", 0,
-                                                  write if ctx.is_main else None)
-        barrier()
-        return saved  # whether the checkpoint is complete (the same on every rank)
-
-    def _image_sizes(self) -> List[Tuple[int, int]]:
-        """The scene's distinct (width, height), sorted (numpy: no object per camera)."""
-        wh = np.unique(np.stack([self.widths, self.heights], 1), axis=0)  # [S, 2]
-        return [(int(w), int(h)) for w, h in wh.tolist()]
-
-    def _scene_fingerprint(self) -> Dict[str, Any]:
-        fp = {"num_cameras": self.scene.num_cameras, "width": self.width, "height": self.height,
-              "names_head": self.scene.names[:3]}
-        sizes = self._image_sizes()
-        if len(sizes) > 1:  # mixed sizes: all of them (a single-size scene's stays as before)
-            fp["sizes"] = [list(s) for s in sizes]
-        return fp
-
-    def _resume(self, path: str) -> None:
-        """Loads this rank's chunk of a checkpoint written by any number of ranks."""
-        meta = ck.read_meta(Path(path))
-        saved = meta["state"].get("scene", {})
-        mine = self._scene_fingerprint()
-        if saved != mine:
-            raise ck.CheckpointError(
-                f"--ckpt {meta['dir']} was written for another scene ({saved}) than this one "
-                f"({mine}); pass the matching --data_dir or start without --ckpt"
-            )
-        check_app_resume(meta["state"].get("config", {}), self.cfg, meta["dir"])
-        saved_sh = meta["state"].get("config", {}).get("sh_degree", self.cfg.sh_degree)
-        if saved_sh != self.cfg.sh_degree:  # else the first render fails on the colours' shape
-            raise ck.CheckpointError(
-                f"--ckpt {meta['dir']} holds colours of SH degree {saved_sh}, this run asks for "
-                f"--sh_degree {self.cfg.sh_degree}; pass --sh_degree {saved_sh} to resume it"
-            )
-        n_all = meta["num_gaussians"]
-        bounds = chunk_bounds(n_all, self.ctx.world_size)[self.ctx.rank]
-        same_w = meta["world_size"] == self.ctx.world_size
-        # Every shard this rank reads, its own too on the same W (the RNG state): a bad one
-        # raises on this rank, and cli.run's setup agreement makes every rank raise it.
-        ck.verify_shards(meta, ck.shards_for_rows(meta, *bounds) + ([self.ctx.rank] if same_w else []))
-        rows = ck.read_rows(meta, *bounds, verify=False)
-        extra = ck.load_rows_into(rows, self.params, self.optimizers, self.device)
-        if "uid" not in extra:
-            extra["uid"] = initial_ids(bounds, self.device)
-            if self.ctx.is_main:
-                log.warning("--ckpt %s holds no Gaussian ids (written before they existed): its "
-                            "Gaussians are numbered by their global order now", meta["dir"])
-        for k, v in extra.items():
-            self.strategy_state[k] = v
-        self.n_all = n_all
-        self._saved_lr_batch = meta["state"].get("lr_batch")
-        self.start_step = int(meta["step"])
-        self.ckpt_dir = meta["dir"]
-        if self.pose is not None:
-            self.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or self.pose.state_dict())
-        if self.app is not None:  # shard 0 holds every image's embedding; this rank keeps its own
-            self.app.load_state_dict(ck.load_shard(meta, 0)["app_opt"])
-        if same_w:  # each rank continues its own stream
-            set_rng_state(ck.load_shard(meta, self.ctx.rank).get("rng"), self.device)
-        else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
-            seed_rank_rng(self.cfg.seed, self.ctx.rank, self.start_step)
-        if not (self.cfg.eval_only or self.cfg.render_only):  # no training: no batch sequence to continue
-            self.batcher.load_state_dict(meta["state"]["batcher"])
-            self.balance.load_state_dict(meta["state"].get("balance"))
-            self.batch_start = self.batcher.epoch * self.batcher.steps_per_epoch + self.batcher.step
-        if self.ctx.is_main:
-            log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
-                     self.start_step, n_all, meta["world_size"], self.ctx.world_size)
+        """Checkpoint and PLY of `step` (checkpointer.py); every rank calls it. False: a full disk skipped it."""
+        return self.checkpointer.save(self, step)
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:
@@ -738,35 +448,3 @@ class Trainer:
         if self.tb is not None:
             self.tb.close()
 
-
-def check_batch_size(n_train: int, world_size: int, batch_size: int) -> None:
-    """ValueError naming the flags unless every rank can draw --batch_size distinct cameras
-    of its own each step (the batcher's shards: n_train // world_size cameras each)."""
-    if n_train >= world_size * batch_size:
-        return
-    fix = (f"pass --batch_size {n_train // world_size} or less, or run on fewer ranks" if n_train >= world_size
-           else f"run on at most {n_train} ranks (--nproc_per_node) with --batch_size 1")
-    raise ValueError(f"--batch_size {batch_size} on {world_size} rank(s) needs {world_size * batch_size} distinct "
-                     f"training cameras per step, and the scene has {n_train} ({n_train // world_size} per rank): "
-                     f"{fix}")
-
-
-def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:
-    """Seeds torch's global RNG (CPU and CUDA) with a stream of its own for every
-    (seed, rank, step): a fresh run at step 0, a resume onto another W at its step."""
-    torch.manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0]))
-
-
-def rng_state(device: torch.device) -> Dict[str, Tensor]:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: Optional[Dict[str, Tensor]], device: torch.device) -> None:
-    if not state:
-        return
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)

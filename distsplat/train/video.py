@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -16,8 +16,10 @@ from torch import Tensor
 
 from ..distributed import DistContext, barrier, chunk_bounds, distributed_rasterize
 from .outputs import save_image
+from .trajectory import camera_path
 
 log = logging.getLogger(__name__)
+_trainer_log = logging.getLogger("distsplat.train.trainer")  # render_path's summary line, as before the move
 
 
 def depth_image(depth: Tensor, alpha: Tensor) -> Tensor:
@@ -29,6 +31,22 @@ def depth_image(depth: Tensor, alpha: Tensor) -> Tensor:
     lo, hi = depth[covered].min(), depth[covered].max()
     d = 1.0 - ((depth - lo) / (hi - lo).clamp_min(1e-8)).clamp(0, 1)
     return (d * covered).unsqueeze(-1).expand(-1, -1, 3)
+
+
+def render_path(cfg: Any, ctx: DistContext, camtoworlds: np.ndarray, render_args: Callable[[], Dict[str, Tensor]],
+                K: Tensor, width: int, height: int, render_kwargs: Dict[str, Any], result_dir: Path,
+                step: int) -> Dict[str, Any]:
+    """--render_only: the camera path of --render_traj_path through the training cameras
+    `camtoworlds` [C_train, 4, 4], as PNG frames (RGB | depth) and an MP4 in R/videos/, seen
+    through `K` [3, 3] at width x height; returns the trainer's metrics of it."""
+    c2w = camera_path(cfg.render_traj_path, camtoworlds, cfg.render_traj_frames)
+    viewmats = torch.from_numpy(np.linalg.inv(c2w)).float().to(ctx.device)  # [F, 4, 4]
+    frames = Path(result_dir) / "videos" / f"traj_{cfg.render_traj_path}_step{step:04d}"
+    n = render_frames(render_args, viewmats, K, width, height, ctx, cfg.sh_degree, render_kwargs, frames)
+    mp4 = write_mp4(frames, n, frames.with_suffix(".mp4"), cfg.render_fps) if ctx.is_main else None
+    if ctx.is_main:
+        _trainer_log.info("rendered %d frames (RGB | depth) to %s%s", n, frames, f" and {mp4}" if mp4 else "")
+    return dict(frames=n, frames_dir=str(frames), video=str(mp4) if mp4 else None)
 
 
 @torch.no_grad()

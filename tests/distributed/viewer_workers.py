@@ -114,7 +114,7 @@ def train_with_viewer(ctx: DistContext, port: int, result_dir: str, max_steps: i
     """cli.run with the viewer attached as distsplat.app does: the built-in synthetic scene,
     small and random-initialized so that frames change visibly as training proceeds."""
     torch.set_num_threads(1)
-    from distsplat.train.cli import run
+    from distsplat.cli import run
     from distsplat.viewer import attach_live_viewer
     from distsplat.train.config import SyntheticConfig, default_config
 

@@ -132,7 +132,7 @@ IMAGES = 192  # images seen by every training run below: 192 steps at batch 1, 1
 def _psnr_after(tmp_path, batch: int, rule: str) -> float:
     """Test PSNR of the built-in scene after IMAGES images at global batch `batch` (one
     process, --batch_size batch --schedule_in_images --lr_batch_scaling rule), no densification."""
-    from distsplat.train.cli import run
+    from distsplat.cli import run
 
     cfg = default_config()
     cfg.synthetic.width, cfg.synthetic.height = 48, 36  # a quarter of its pixels: CI time

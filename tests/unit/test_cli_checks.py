@@ -54,7 +54,7 @@ def test_gsplat_only_flags_name_themselves_and_what_to_do():
     """gsplat's simple_trainer flags distsplat does not take are one clear error in any
     spelling tyro would accept; --disable_video (nothing to do here) and --camera_model
     pinhole (what distsplat renders) are dropped; every other argument passes untouched."""
-    from distsplat.train.cli import GSPLAT_ONLY, gsplat_only_flags
+    from distsplat.cli import GSPLAT_ONLY, gsplat_only_flags
 
     for name, why in GSPLAT_ONLY.items():
         for spelled in (f"--{name}", f"--{name.replace('_', '-')}", f"--no-{name.replace('_', '-')}", f"--{name}=1"):
@@ -73,7 +73,7 @@ def test_gsplat_only_flags_name_themselves_and_what_to_do():
 
 
 def test_a_batch_too_large_for_the_ranks_names_the_flags():
-    from distsplat.train.trainer import check_batch_size
+    from distsplat.train.scene_setup import check_batch_size
 
     check_batch_size(10, 2, 5)
     with pytest.raises(ValueError) as e:

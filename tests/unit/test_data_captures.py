@@ -268,7 +268,7 @@ def test_flags_need_data_dir_and_agree():
 
 
 def test_help_names_every_format(capsys):
-    from distsplat.train.cli import parse
+    from distsplat.cli import parse
 
     with pytest.raises(SystemExit):
         parse(["default", "--help"])

@@ -11,7 +11,7 @@ import torch
 
 from distsplat.distributed import DistContext
 from distsplat.train import strategy_ops
-from distsplat.train.cli import parse
+from distsplat.cli import parse
 from distsplat.train.config import Config, SyntheticConfig
 from distsplat.train.gaussians import activated, create_optimizers, init_gaussians
 from distsplat.render import torch_backend

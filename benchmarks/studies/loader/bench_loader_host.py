@@ -91,7 +91,7 @@ def simulated_step(mode: str, x) -> None:
 
 
 def run(scene: str, batch: int, mode: str) -> Dict[str, Any]:
-    from distsplat.train.size_groups import group_images, size_groups
+    from distsplat.train.size_groups import group_images, image_sizes, size_groups
 
     with tempfile.TemporaryDirectory(prefix="distsplat-loader-host-") as tmp:
         trainer, cfg = make_trainer(scene, batch, tmp)
@@ -141,7 +141,7 @@ def run(scene: str, batch: int, mode: str) -> Dict[str, Any]:
             return {
                 "scene": scene, "batch_size": batch, "step_mode": mode, "cache": trainer.cache.mode,
                 "num_workers": cfg.num_workers, "prefetch": cfg.prefetch, "device": str(trainer.device),
-                "train_cameras": len(trainer.train_idx), "image": list(trainer._image_sizes()[0]),
+                "train_cameras": len(trainer.train_idx), "image": list(image_sizes(trainer.widths, trainer.heights)[0]),
                 "steps_per_epoch": spe, "epochs": epochs,
                 "steady_us": summarize(steady), "first_epoch_us": summarize(first),
             }

@@ -98,7 +98,7 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
                        "WORLD_SIZE": str(W), "LOCAL_RANK": str(rank)})
     torch.set_num_threads(1)
     import distsplat.viewer.live as live
-    from distsplat.train.cli import run
+    from distsplat.cli import run
     from distsplat.train.config import default_config
 
     stop = threading.Event()

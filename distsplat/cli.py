@@ -1,33 +1,25 @@
 """The trainer's command line (wrapped by `distsplat.app`, which adds the viewer): parse (tyro, subcommands `default`
-and `mcmc` as gsplat's simple_trainer), then run one rank's training. Runs unchanged under
-`python` (one process) and `torchrun --nproc_per_node=W` (gloo on CPU, nccl on GPUs)."""
+and `mcmc` as gsplat's simple_trainer; gsplat's flags that distsplat does not take), run one
+rank's training (`Trainer.run` owns its lifecycle), and turn a failure into one line and an
+exit code (2: bad input, 1: any other failure). Runs unchanged under `python` (one process)
+and `torchrun --nproc_per_node=W` (gloo on CPU, nccl on GPUs). It sits beside the app, above
+train/ (docs/design.md layers): train never parses the command line."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
-from ..distributed import (
-    describe_failure,
-    destroy,
-    init_distributed,
-    is_peer_failure,
-    raise_together,
-    record_for_launcher,
-    setup_logging,
-)
-from .checkpoint import check_steps_left
-from .config import Config, default_config, mcmc_config
-from .outputs import check_result_dir
-from .shared_dir import check_shared
+from .distributed import destroy, init_distributed, is_peer_failure, record_for_launcher, setup_logging
+from .train.config import Config, default_config, mcmc_config
 
-log = logging.getLogger("distsplat.train")
+if TYPE_CHECKING:
+    from .train.trainer import Extension
 
 CONFIGS = {
     "default": ("Gaussian splatting with gsplat's default densification (clone, split, prune).",
@@ -132,60 +124,18 @@ def tyro_summary(text: str) -> str:
 QUIET_EXIT_DELAY_S = 5.0
 
 
-# An extension attaches to the trainer after setup (e.g. the live viewer, a layer above
-# this one, wired in by distsplat.app) and returns a function that releases it, or None.
-Extension = Callable[[Config, Any, Any], Optional[Callable[[], None]]]
-
-
 def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
-    """Trains with cfg on this process's rank. Bad input (config, data, checkpoint) raises
-    ValueError with the same message on every rank, before any collective can hang: setup
-    runs no collective, and its outcome is agreed by every rank at its end. An exception
-    later (in training) carries `report`, a line naming the rank that failed and where."""
-    from .trainer import Trainer
+    """Trains with cfg on this process's rank (Trainer.run: bad input raises ValueError with
+    the same message on every rank; a later exception carries `report`, a line naming the
+    rank that failed and where), inside this process's process group."""
+    from .train.trainer import Trainer
 
     ctx = init_distributed()
     setup_logging(ctx)
     trainer = Trainer(cfg, ctx)
-    closers = []
     try:
-        error = None
-        try:  # every rank finds the same bad flag; agreeing lets each one say so
-            cfg.adjust_steps(cfg.schedule_factor(ctx.world_size))
-            cfg.validate()
-            check_result_dir(cfg.result_dir)
-        except ValueError as e:
-            error = e
-        raise_together(ctx, error, "checking the flags")
-        if ctx.is_main and not (cfg.eval_only or cfg.render_only):
-            log.info("%s", cfg.describe_schedule(ctx.world_size))
-        check_shared(ctx, cfg.result_dir)  # several nodes: one result dir for all (shared_dir.py)
-        if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
-            cfg.disable_viewer = True
-        error = None
-        try:
-            trainer.setup()
-            if cfg.ckpt is not None and not (cfg.eval_only or cfg.render_only):  # a resume that trains nothing
-                check_steps_left(trainer.ckpt_dir, trainer.start_step, cfg.max_steps, cfg.steps_scaler)
-        except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
-            error = e
-        raise_together(ctx, error, "setup")
-        # Only now (flags, data and checkpoint are good): a viewer's banner never precedes a bad input's error
-        for extension in extensions:  # each agrees on its own start-up errors
-            closers.append(extension(cfg, ctx, trainer))
-        if cfg.eval_only:
-            return trainer.eval_only()
-        if cfg.render_only:
-            return trainer.render_only()
-        return trainer.train()
-    except Exception as e:
-        e.report = describe_failure(ctx, e, trainer.where)  # type: ignore[attr-defined]
-        raise
+        return trainer.run(extensions)
     finally:
-        for close in reversed(closers):
-            if close is not None:
-                close()
-        trainer.cleanup()
         destroy(ctx)
 
 
