@@ -19,6 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_scaling_gpu_small_run_two_ranks_take_turns_and_step_as_the_trainer(tmp_path):
     """SMALL=1 with W = 1 and 2 (two gloo processes taking turns): the JSON make_report reads,
     and each rank's steps end with the parameters of Trainer.train_step alone (SCALING_SELF_CHECK)."""
+    from tests.conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "test_garden.npz").is_file():  # the benchmark's scene is made from it
+        pytest.skip(f"{SHARED_DATA / 'test_garden.npz'} not found (set DISTSPLAT_DATA; see tests/conftest.py)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "BENCH_RESULTS": str(tmp_path), "SMALL": "1",
            "SMALL_SIZE": "300,24,16", "WS": "1,2", "BATCHES": "1", "SCALING_WARMUP": "1", "SCALING_STEPS": "2",
            "SCALING_SELF_CHECK": "1"}

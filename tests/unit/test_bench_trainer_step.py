@@ -88,6 +88,10 @@ def test_step_vs_gsplat_ours_gives_the_trainers_parameters_after_3_steps(tmp_pat
 def test_scaling_rank_step_gives_the_trainers_parameters_after_3_steps(tmp_path, monkeypatch):
     """scaling_gpu's rank (W = 1, in this process): the setup served from its memo, the steps
     under the profiler with its comm capture; against a setup that reads the scene itself."""
+    from tests.conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "test_garden.npz").is_file():  # write_garden_scene makes the scene from it
+        pytest.skip(f"{SHARED_DATA / 'test_garden.npz'} not found (set DISTSPLAT_DATA; see tests/conftest.py)")
     monkeypatch.setenv("SMALL_SIZE", "300,24,16")
     describe = sg.write_garden_scene(tmp_path / "scene", small=True)
     assert describe["gaussians"] == 300
