@@ -14,7 +14,8 @@ and either is rebuilt from the source with one line saying why; the copy is neve
 blindly. The arrays are validated when the source is parsed (colmap_io), before the copy is
 written, so a copy whose digest matches holds validated values. Writes are atomic (a
 temporary file renamed), so concurrent ranks or a crash never leave half a copy; a folder
-that is not writable just means no copy (the source is parsed, as without one).
+that is not writable, or is marked read-only (no write bit, which root would ignore), just
+means no copy (the source is parsed, as without one).
 
 DISTSPLAT_MODEL_CACHE=0 turns the copy off (neither read nor written).
 """
@@ -90,6 +91,11 @@ def _write(path: Path, table: ImageTable, name: str, size: int, mtime_ns: int) -
     """Atomically writes the copy; a folder that cannot be written is no error (no copy)."""
     if table.names.dtype.kind != "S" or not len(table):  # names of wildly different lengths (an object
         return  # table), or no images (an error next): parse each time
+    try:
+        if not path.parent.stat().st_mode & 0o222:  # a folder marked read-only: kept so, even for root
+            return
+    except OSError:
+        return
     width = table.names.dtype.itemsize
     arrays = [np.ascontiguousarray(getattr(table, f), dtype=d).reshape(s) for f, d, s in _layout(len(table), width)]
     header = json.dumps({"version": VERSION, "source": name, "source_size": size, "source_mtime_ns": mtime_ns,

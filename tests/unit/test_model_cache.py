@@ -106,6 +106,12 @@ def test_no_copy_without_a_writable_folder_or_when_off(dataset, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
+    model.chmod(0o555)  # marked read-only: no copy, even for root (who may write there anyway)
+    try:
+        _tables_equal(colmap_io.read_model_table(model)[1], _parsed(model))
+        assert not cache_path(model / "images.bin").exists()
+    finally:
+        model.chmod(0o755)
     monkeypatch.setattr(mc.os, "replace", refuse)  # as a read-only folder refuses (root ignores modes)
     _tables_equal(colmap_io.read_model_table(model)[1], _parsed(model))
     assert not cache_path(model / "images.bin").exists()
