@@ -161,8 +161,8 @@ class FolderSource(ImageSource):
     def missing(self, indices: Optional[Sequence[int]] = None) -> List[int]:
         """Indices (of `indices`, default every camera) whose image file is absent: one
         listing per folder, not a stat per image (a million images: seconds, not minutes, on a
-        network file system); a listed name that is no file (a folder, a dangling link) is
-        absent too."""
+        network file system); a name the listing lacks is looked up once more (case-insensitive
+        file systems), and one that is no file (a folder, a dangling link) is absent."""
         listings: Dict[str, frozenset] = {}  # folder -> its files' names (the last LISTINGS folders)
         out = []
         for i in range(len(self.paths)) if indices is None else indices:
@@ -172,8 +172,8 @@ class FolderSource(ImageSource):
                 if len(listings) >= LISTINGS:  # names come sorted, folder by folder: a few at a time
                     listings.clear()
                 files = listings[folder] = _files_in(folder or ".")
-            if base not in files:
-                out.append(int(i))
+            if base not in files and not os.path.isfile(self.paths[i]):  # a stat only for the unlisted
+                out.append(int(i))  # (a case-insensitive file system finds IMG.JPG as img.jpg)
         return out
 
     def check_exist(self, model: "Lister" = "the scene's model") -> None:
