@@ -188,11 +188,9 @@ def check_truncated(head: bytes, tail: bytes, where: str) -> None:
     """A JPEG must end with the EOI marker FFD9, a PNG with its IEND chunk (either
     optionally followed by padding zeros that some writers append); a cut-off download or
     copy does not."""
-    end = tail.rstrip(b"\0")
-    if is_jpeg(head) and not end.endswith(b"\xff\xd9"):
-        raise DataError(f"{where}: truncated JPEG (no end-of-image marker); {repair_of(where)}")
-    if is_png(head) and not end.endswith(PNG_END):
-        raise DataError(f"{where}: truncated PNG (no IEND chunk at the end); {repair_of(where)}")
+    if not _ends_whole(head, tail):
+        what = "JPEG (no end-of-image marker)" if is_jpeg(head) else "PNG (no IEND chunk at the end)"
+        raise DataError(f"{where}: truncated {what}; {repair_of(where)}")
 
 
 def scale_matches(w: int, h: int, cam_w: int, cam_h: int) -> bool:
@@ -242,7 +240,7 @@ def probe_images(source, indices: Sequence[int]) -> list:
 
 
 def _ends_whole(head: bytes, tail: bytes) -> bool:
-    """check_truncated's test without its message: a JPEG's or PNG's end is there."""
+    """Whether a JPEG's or PNG's end is there (anything else: nothing to check)."""
     end = tail.rstrip(b"\0")
     return end.endswith(b"\xff\xd9") if is_jpeg(head) else (not is_png(head) or end.endswith(PNG_END))
 

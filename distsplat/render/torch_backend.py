@@ -326,26 +326,30 @@ def _composite_block(
     evaluated (gsplat's kernel stops per pixel the same way). Each step is one unit, with
     `recompute` checkpointed. Returns colors [T, P, D], alphas [T, P]."""
     T, L = idx.shape
-    if not recompute:
+
+    def take(t: Tensor, rows: Optional[Tensor], cols: Optional[slice]) -> Tensor:
+        return t if rows is None else t[rows, cols]  # the block, or its live tiles' depth slice
+
+    if recompute:  # each unit gathers its own pairs: backward recomputes it from its ids alone
+        def run(px_, py_, rows, cols, trans_in):
+            return _recomputed_pairs(px_, py_, take(idx, rows, cols), trans_in, *pad)
+    else:
         # The plain path gathers the block's pairs once, as it always has: each pair's gradient
         # is then summed in one scatter per block, in the same order at any world size (a
         # gather per depth chunk sums it in another order, and W = 1 and W = 2 drift apart).
         block = [None if p is None else p[idx] for p in pad]  # [T, L, ...] each
-        run = lambda px_, py_, rows, cols, trans_in: _composite_chunk(  # noqa: E731
-            px_, py_, *[None if b is None else b[rows][:, cols] for b in block[:4]], trans_in,
-            None if block[4] is None else block[4][rows][:, cols])
-    else:
-        run = lambda px_, py_, rows, cols, trans_in: _recomputed_pairs(  # noqa: E731
-            px_, py_, idx[rows][:, cols], trans_in, *pad)
-    everything = torch.arange(T, device=idx.device)
+
+        def run(px_, py_, rows, cols, trans_in):
+            g = [None if t is None else take(t, rows, cols) for t in block]
+            return _composite_chunk(px_, py_, *g[:4], trans_in, g[4])
     if L <= DEPTH_CHUNK:
-        c, a, _ = run(px, py, everything, slice(None), None)
+        c, a, _ = run(px, py, None, None, None)
         return c, a
     colors = pad[3]
     out = colors.new_zeros(T, px.shape[-1], colors.shape[-1])
     acc = colors.new_zeros(T, px.shape[-1])
     trans = colors.new_ones(T, px.shape[-1])
-    live = everything  # tiles with a pixel still open
+    live = torch.arange(T, device=idx.device)  # tiles with a pixel still open
     for lo in range(0, L, DEPTH_CHUNK):
         c, a, t = run(px[live], py[live], live, slice(lo, lo + DEPTH_CHUNK), trans[live])
         out, acc = out.index_add(0, live, c), acc.index_add(0, live, a)

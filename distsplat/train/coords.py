@@ -84,17 +84,6 @@ def _write_cameras(path: Path, scene: Scene, order: np.ndarray, c2w: np.ndarray)
     os.replace(tmp, path)
 
 
-def _frame_parts(scene: Scene, ply_frame: str) -> Tuple[Dict[str, Any], np.ndarray, np.ndarray]:
-    """(transform.json's dict, the camera order of cameras.json: train then test, the
-    camera-to-world matrices [C_all, 4, 4] in the PLY's world)."""
-    info = frame_info(scene.transform, ply_frame)
-    c2w = np.asarray(scene.camtoworlds, dtype=np.float64)  # [C_all, 4, 4]
-    if ply_frame == CAPTURE:
-        c2w = transform_cameras(np.asarray(info["capture_from_normalized"]), c2w)
-    order = np.concatenate([np.asarray(scene.train, dtype=np.int64), np.asarray(scene.test, dtype=np.int64)])
-    return info, order, c2w
-
-
 def write_frame_files(result_dir: Path, scene: Scene, ply_frame: str) -> Dict[str, Any]:
     """Rank 0: R/cameras.json (train cameras first, then test) and R/transform.json, in the
     world of the PLY (`ply_frame`); returns transform.json's dict."""
