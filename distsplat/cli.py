@@ -84,10 +84,11 @@ def gsplat_only_flags(args: Sequence[str]) -> "tuple[list, list]":
     return kept, notes
 
 
-def parse(args: Optional[Sequence[str]] = None) -> Config:
+def parse(args: Optional[Sequence[str]] = None, configs: Optional[Dict[str, tuple]] = None) -> Config:
     """The config of the command line. Every rank parses it alike, so only rank 0 prints
     what tyro says (--help, a typo'd flag's box); a bad command line exits 2 (tyro's code)
-    with the box's first line in torchrun's error file, so its summary shows the cause."""
+    with the box's first line in torchrun's error file, so its summary shows the cause.
+    `configs`: {subcommand: (description, defaults)}, CONFIGS unless the app composes more."""
     import tyro
 
     kept, notes = gsplat_only_flags(sys.argv[1:] if args is None else list(args))
@@ -99,7 +100,7 @@ def parse(args: Optional[Sequence[str]] = None) -> Config:
     try:
         with contextlib.redirect_stderr(err), \
                 (contextlib.nullcontext() if main else contextlib.redirect_stdout(io.StringIO())):
-            return tyro.extras.overridable_config_cli(CONFIGS, args=kept)
+            return tyro.extras.overridable_config_cli(configs or CONFIGS, args=kept)
     except SystemExit as e:
         if main:
             sys.stderr.write(err.getvalue())
@@ -139,12 +140,13 @@ def run(cfg: Config, extensions: Sequence[Extension] = ()) -> Dict[str, Any]:
         destroy(ctx)
 
 
-def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] = ()) -> None:
+def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] = (),
+         configs: Optional[Dict[str, tuple]] = None) -> None:
     """Parses, runs, and turns a failure into one line naming the rank and what to do: exit
     2 for bad input (no traceback), 1 otherwise (a traceback only on the rank whose own
     code failed; a rank stopped by a peer's failure names that peer instead)."""
     try:
-        cfg = parse(args)
+        cfg = parse(args, configs)
     except ValueError as e:  # a gsplat flag distsplat does not take: the same on every rank, said by rank 0
         _fail(f"distsplat: error: {e}", 2, quiet=_local_rank() != 0)
     try:

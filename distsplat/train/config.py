@@ -1,7 +1,8 @@
-"""The trainer's configuration: one dataclass whose fields (and docstrings) are the CLI of
-`examples/simple_trainer.py`, with gsplat's names and defaults where they overlap so a
-gsplat user's command line works. `validate()` turns every bad value into a ValueError
-naming the flag, raised identically on every rank before any collective."""
+"""The trainer's configuration: one dataclass whose fields (and docstrings) are the trainer's
+flags of `examples/simple_trainer.py` (distsplat.app adds the viewer's, viewer/config.py), with
+gsplat's names and defaults where they overlap so a gsplat user's command line works.
+`validate()` turns every bad value into a ValueError naming the flag, raised identically on
+every rank before any collective."""
 
 from __future__ import annotations
 
@@ -217,20 +218,6 @@ class Config:
     --normalize_world_space the input is centred, rotated and scaled on load) or capture (the input's own, e.g.
     COLMAP's: means, scales, rotations and SH colours transformed back). R/transform.json holds the 4x4 either way."""
 
-    disable_viewer: bool = False
-    """Do not start the live viewer (viser, on rank 0). It is on by default (not for --eval_only/--render_only)."""
-    port: Optional[int] = None
-    """Port of the live viewer. None: 8080, or a free port when 8080 is taken (the log says which); an explicit
-    port that is in use stops the run before training."""
-    viewer_keep_open: bool = False
-    """After training, keep serving the final model until Ctrl-C (the checkpoint and PLY are written first). Only
-    when rank 0's stdin is a terminal: a non-interactive run (a job script, CI) ends as usual, saying so."""
-    viewer_host: str = "127.0.0.1"
-    """Address the viewer serves on; 127.0.0.1 keeps it off the network (use ssh -L), 0.0.0.0 exposes it."""
-    viewer_res: int = 512
-    """Longest side of viewer frames in pixels (the panel changes it)."""
-    viewer_budget: float = 0.03
-    """Fraction of training wall time that viewer frames may take."""
     tb_every: int = 100
     """TensorBoard scalars every N steps (rank 0)."""
     log_every: int = 100
@@ -315,9 +302,6 @@ class Config:
             (self.max_bad_steps >= 0, "--max_bad_steps", f"must be >= 0, got {self.max_bad_steps}"),
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
             (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
-            (self.port is None or 0 <= self.port <= 65535, "--port", f"must be in 0..65535, got {self.port}"),
-            (0.0 < self.viewer_budget < 1.0, "--viewer_budget", f"must be in (0, 1), got {self.viewer_budget}"),
-            (self.viewer_res >= 16, "--viewer_res", f"must be >= 16, got {self.viewer_res}"),
             (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),
             (math.isfinite(self.depth_lambda) and self.depth_lambda >= 0, "--depth_lambda", "must be >= 0"),
             (self.pose_opt_lr >= 0 and self.pose_opt_reg >= 0 and self.pose_noise >= 0,

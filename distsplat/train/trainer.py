@@ -98,8 +98,6 @@ class Trainer:
         closers = []
         try:
             check_flags(cfg, ctx)  # the same on every rank: a bad flag is one line, before anything is written
-            if cfg.eval_only or cfg.render_only:  # nothing to watch: examples/simple_viewer.py shows a checkpoint
-                cfg.disable_viewer = True
 
             def setup() -> None:
                 self.setup()

@@ -267,8 +267,9 @@ def attach_live_viewer(cfg: Any, ctx: DistContext, trainer: Any) -> Optional[Cal
     """The trainer CLI's extension: unless --disable_viewer, serve on rank 0 and hook into
     every step (and with --viewer_keep_open, serve the final model after training). Started
     once setup succeeded on every rank (cli.run), so bad flags or data fail before any banner;
-    a port in use fails alike on every rank, before training."""
-    if cfg.disable_viewer:
+    a port in use fails alike on every rank, before training. `cfg`: the app's config (the
+    trainer's flags and viewer.config.ViewerConfig's)."""
+    if cfg.disable_viewer or cfg.eval_only or cfg.render_only:  # nothing to watch: simple_viewer.py shows a checkpoint
         return None
     viewer = LiveViewer.start(ctx, cfg.viewer_host, cfg.port, max_side=cfg.viewer_res,
                               budget=cfg.viewer_budget)

@@ -63,7 +63,7 @@ def test_trainer_step_with_fused_ssim_matches_torch_ssim(fused, tmp_path, monkey
     losses_by_impl = {"auto": None}
     for impl in ("auto", "fused", "torch"):
         cfg = Config(result_dir=str(tmp_path / impl), max_steps=10, eval_steps=[], save_steps=[], save_ply=False,
-                     disable_viewer=True, ssim_impl=impl)
+                     ssim_impl=impl)
         cfg.validate()
         t = Trainer(cfg, ctx)
         t.setup()

@@ -19,7 +19,7 @@ def tiny_config(result_dir: str, **overrides: Any) -> Config:
     cfg = Config(
         result_dir=result_dir, max_steps=20, eval_steps=[], save_steps=[], save_ply=False,
         sh_degree=1, sh_degree_interval=10, init_type="sfm", num_workers=1, prefetch=1,
-        log_every=10, disable_viewer=True, batch_size=1, seed=3,
+        log_every=10, batch_size=1, seed=3,
         strategy=DefaultStrategy(refine_start_iter=10_000, refine_stop_iter=0, reset_every=10_000),
         synthetic=SyntheticConfig(kind="ball", num_cameras=12, num_gaussians=400, width=32, height=24, seed=1),
     )

@@ -4,6 +4,7 @@ a real training run with the viewer on (driven by a browser in the test process)
 
 from __future__ import annotations
 
+import copy
 import socket
 import threading
 import time
@@ -114,11 +115,12 @@ def train_with_viewer(ctx: DistContext, port: int, result_dir: str, max_steps: i
     """cli.run with the viewer attached as distsplat.app does: the built-in synthetic scene,
     small and random-initialized so that frames change visibly as training proceeds."""
     torch.set_num_threads(1)
+    from distsplat.app import CONFIGS
     from distsplat.cli import run
     from distsplat.viewer import attach_live_viewer
-    from distsplat.train.config import SyntheticConfig, default_config
+    from distsplat.train.config import SyntheticConfig
 
-    cfg = default_config()
+    cfg = copy.deepcopy(CONFIGS["default"][1])  # the app's config: the trainer's flags and the viewer's
     cfg.max_steps, cfg.result_dir, cfg.port = max_steps, result_dir, port
     cfg.eval_steps, cfg.save_steps, cfg.save_ply = [max_steps], [], False
     cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=16, num_gaussians=800, width=48, height=36)

@@ -141,7 +141,7 @@ def _psnr_after(tmp_path, batch: int, rule: str) -> float:
     cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = IMAGES, [IMAGES], [], False
     cfg.sh_degree_interval = 48
     cfg.strategy.refine_start_iter = IMAGES  # no densification: the optimizer's scaling alone
-    cfg.num_workers, cfg.log_every, cfg.tb_every, cfg.disable_viewer = 1, IMAGES, 10**6, True
+    cfg.num_workers, cfg.log_every, cfg.tb_every = 1, IMAGES, 10**6
     return run(cfg)["val_psnr"]
 
 

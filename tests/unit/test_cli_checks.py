@@ -83,3 +83,36 @@ def test_a_batch_too_large_for_the_ranks_names_the_flags():
     with pytest.raises(ValueError, match=r"has 3 \(0 per rank\): run on at most 3 ranks \(--nproc_per_node\) "
                                          r"with --batch_size 1$"):
         check_batch_size(3, 4, 1)
+
+
+def test_viewer_flags_are_the_viewers_composed_by_the_app(tmp_path):
+    """The viewer's settings live in viewer/config.py, not in the trainer's Config (train never
+    sees a viewer flag); the app's command line takes them under their gsplat names, validates
+    them with the trainer's, and writes them into cfg.yml."""
+    import dataclasses
+
+    from distsplat.app import CONFIGS, AppConfig
+    from distsplat.cli import parse
+    from distsplat.train.config import Config
+    from distsplat.train.outputs import write_yaml
+    from distsplat.viewer.config import ViewerConfig
+
+    viewer_flags = {f.name for f in dataclasses.fields(ViewerConfig)}
+    assert viewer_flags == {"disable_viewer", "port", "viewer_keep_open", "viewer_host", "viewer_res", "viewer_budget"}
+    assert not viewer_flags & {f.name for f in dataclasses.fields(Config)}
+    cfg = parse(["mcmc", "--disable_viewer", "--port", "0", "--viewer_res", "64", "--viewer_budget", "0.5",
+                 "--max_steps", "7"], CONFIGS)
+    assert isinstance(cfg, AppConfig)
+    assert (cfg.disable_viewer, cfg.port, cfg.viewer_res, cfg.viewer_budget, cfg.max_steps) == (True, 0, 64, 0.5, 7)
+    assert cfg.init_opa == 0.5 and type(cfg.strategy).__name__ == "MCMCStrategy"  # the trainer's mcmc defaults
+    cfg.validate()
+    write_yaml(tmp_path / "cfg.yml", cfg.to_dict())
+    text = (tmp_path / "cfg.yml").read_text()
+    assert "viewer_res: 64" in text and "max_steps: 7" in text
+    for bad, match in ((dict(port=70000), "--port must be in 0..65535"), (dict(viewer_res=8), "--viewer_res must be >= 16"),
+                       (dict(viewer_budget=1.0), r"--viewer_budget must be in \(0, 1\)"),
+                       (dict(max_steps=0), "--max_steps must be >= 1")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(cfg, **bad).validate()
+    with pytest.raises(SystemExit):  # the trainer's own command line has no viewer
+        parse(["default", "--disable_viewer"])

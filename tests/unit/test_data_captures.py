@@ -316,7 +316,7 @@ def test_trainer_on_instant_ngp_capture_with_default_flags(tmp_path, caplog):
     root = make_instant_ngp(tmp_path / "ingp", num_cameras=10, width=32, height=24, missing=(1, 4))
     cfg = Config(data_dir=str(root), data_factor=1, result_dir=str(tmp_path / "out"), max_steps=3, eval_steps=[],
                  save_steps=[], save_ply=False, sh_degree=0, init_num_pts=300, num_workers=1, prefetch=1,
-                 disable_viewer=True, log_every=100)
+                 log_every=100)
     cfg.validate()
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
     trainer = Trainer(cfg, ctx)

@@ -276,7 +276,7 @@ def test_a_training_step_reads_no_flag_on_the_host(tmp_path, monkeypatch):
     from distsplat.train.trainer import Trainer
 
     cfg = Config(result_dir=str(tmp_path), max_steps=4, eval_steps=[], save_steps=[], save_ply=False, sh_degree=1,
-                 num_workers=1, prefetch=1, log_every=100, disable_viewer=True, seed=3, max_bad_steps=3,
+                 num_workers=1, prefetch=1, log_every=100, seed=3, max_bad_steps=3,
                  strategy=DefaultStrategy(refine_start_iter=10_000, refine_stop_iter=10_000, reset_every=10_000),
                  synthetic=SyntheticConfig(kind="ball", num_cameras=12, num_gaussians=400, width=32, height=24, seed=1))
     cfg.validate()

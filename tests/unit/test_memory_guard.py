@@ -175,7 +175,7 @@ def _config(tmp_path, strategy, **overrides) -> Config:
     cfg = Config(
         result_dir=str(tmp_path), max_steps=25, eval_steps=[], save_steps=[], save_ply=False,
         sh_degree=1, sh_degree_interval=10, num_workers=1, prefetch=1, log_every=100,
-        disable_viewer=True, seed=3, strategy=strategy,
+        seed=3, strategy=strategy,
         synthetic=SyntheticConfig(kind="ball", num_cameras=12, num_gaussians=400, width=32, height=24, seed=1),
     )
     for k, v in overrides.items():

@@ -114,7 +114,7 @@ def _tiny_trainer():
     from distsplat.train.trainer import Trainer
 
     cfg = Config(result_dir=tempfile.mkdtemp(), max_steps=20, eval_steps=[], save_steps=[], save_ply=False,
-                 sh_degree=1, sh_degree_interval=10, num_workers=1, prefetch=1, disable_viewer=True, batch_size=1,
+                 sh_degree=1, sh_degree_interval=10, num_workers=1, prefetch=1, batch_size=1,
                  seed=3, strategy=DefaultStrategy(refine_start_iter=10_000, refine_stop_iter=0, reset_every=10_000),
                  synthetic=SyntheticConfig(kind="ball", num_cameras=8, num_gaussians=200, width=24, height=16, seed=1))
     cfg.validate()

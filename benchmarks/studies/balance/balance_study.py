@@ -94,7 +94,7 @@ def base_config(data_dir: str, factor: int, batch: int, result_dir: str, balance
     cfg = default_config()
     cfg.data_dir, cfg.data_factor, cfg.batch_size, cfg.seed = data_dir, factor, batch, SEED
     cfg.result_dir = result_dir
-    cfg.disable_viewer, cfg.save_ply = True, False
+    cfg.save_ply = False
     cfg.num_workers, cfg.cache = 1, "decoded"
     cfg.log_every = cfg.tb_every = 10 ** 9
     if balanced is not None:

@@ -68,7 +68,7 @@ def worker(app_opt: bool, steps: int, bright: float, wb: float, app_lr: float, o
     trainer_mod.load_scene = scaled_scene
     ctx = init_distributed()
     cfg = default_config()
-    cfg.disable_viewer, cfg.save_ply, cfg.num_workers, cfg.log_every = True, False, 1, 10_000
+    cfg.save_ply, cfg.num_workers, cfg.log_every = False, 1, 10_000
     cfg.result_dir = out + ".run"  # the same on every rank
     cfg.max_steps, cfg.save_steps, cfg.eval_steps = steps, [], [steps]
     cfg.strategy.refine_start_iter, cfg.strategy.refine_every = steps // 6, steps // 6

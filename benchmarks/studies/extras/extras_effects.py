@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def train(ctx, **overrides):
     cfg = default_config()
-    cfg.disable_viewer, cfg.save_ply, cfg.num_workers, cfg.log_every = True, False, 1, 10_000
+    cfg.save_ply, cfg.num_workers, cfg.log_every = False, 1, 10_000
     cfg.result_dir = tempfile.mkdtemp(prefix="extras_")
     strategy = overrides.pop("strategy", {})
     for k, v in overrides.items():

@@ -73,7 +73,7 @@ def make_trainer(scene: str, batch: int, result_dir: str):
     elif scene != "builtin":
         cfg.data_dir, cfg.data_factor = scene, DATA_FACTOR
     cfg.batch_size = batch
-    cfg.result_dir, cfg.disable_viewer, cfg.save_ply = result_dir, True, False
+    cfg.result_dir, cfg.save_ply = result_dir, False
     cfg.max_steps = 10 ** 6  # the loader's end; run() times whole epochs of it
     cfg.validate()
     trainer = Trainer(cfg, init_distributed())

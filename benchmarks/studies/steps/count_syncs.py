@@ -181,7 +181,7 @@ def trainer_config(scene: str, data_factor: int, result_dir: str, cuda: bool, dr
     from distsplat.train.config import Config, SyntheticConfig
 
     cfg = Config(data_dir=scene or None, data_factor=data_factor, result_dir=result_dir, max_steps=1000, eval_steps=[],
-                 save_steps=[], save_ply=False, disable_viewer=True, backend="gsplat" if cuda else "torch")
+                 save_steps=[], save_ply=False, backend="gsplat" if cuda else "torch")
     if dry:
         cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=8, num_gaussians=300, width=32, height=24)
     cfg.validate()

@@ -176,7 +176,7 @@ def profile_trainer(table_dir: Path, scene: Optional[str], data_factor: int, cac
         tmp = tempfile.mkdtemp(prefix=f"profile_{variant}_")
         cfg = Config(data_dir=scene, data_factor=data_factor, result_dir=tmp,
                      max_steps=warm + 2 * steps + range_steps + 10, eval_steps=[], save_steps=[], save_ply=False,
-                     disable_viewer=True, backend="torch" if dry else "gsplat",
+                     backend="torch" if dry else "gsplat",
                      cache=cache, **({"max_bad_steps": 0} if "nocheck" in flags else {}),
                      **({"ssim_impl": "torch"} if "torchssim" in flags else {}))
         if dry:

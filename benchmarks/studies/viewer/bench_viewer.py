@@ -99,6 +99,7 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
     torch.set_num_threads(1)
     import distsplat.viewer.live as live
     from distsplat.cli import run
+    from distsplat.app import AppConfig
     from distsplat.train.config import default_config
 
     stop = threading.Event()
@@ -137,7 +138,7 @@ def worker(rank: int, W: int, port: int, mode: str, steps: int, n: int, viewer_p
         return out
 
     Trainer.train = timed_train
-    cfg = default_config()
+    cfg = AppConfig.of(default_config())  # the trainer's flags and the viewer's, as the app parses them
     cfg.max_steps, cfg.eval_steps, cfg.save_steps, cfg.save_ply = steps, [], [], False
     cfg.result_dir, cfg.disable_viewer, cfg.port = str(Path(out_dir) / mode), mode == "off", viewer_port
     cfg.synthetic.kind, cfg.synthetic.num_gaussians, cfg.log_every, cfg.num_workers = "ball", n, steps, 1
