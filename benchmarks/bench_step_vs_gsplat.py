@@ -70,14 +70,10 @@ def result_name(kind: str, label: str) -> str:
 def ours_config(data_dir: Optional[str], data_factor: int, max_steps: int, sh_interval: int, result_dir: str):
     """The trainer's default config (what `simple_trainer.py default` parses) on the scene,
     for a run of max_steps with no eval, save or PLY inside it."""
-    from distsplat.train.config import default_config
+    from benchmarks.procs import trainer_config
 
-    cfg = default_config()
-    cfg.data_dir, cfg.data_factor = data_dir, data_factor
-    cfg.max_steps = max_steps
+    cfg = trainer_config(result_dir, max_steps, data_dir, data_factor)
     cfg.sh_degree_interval = sh_interval
-    cfg.result_dir = result_dir
-    cfg.eval_steps, cfg.save_steps, cfg.save_ply, cfg.disable_viewer = [], [], False, True
     return cfg
 
 
@@ -117,19 +113,28 @@ def run_ours(cfg, warmup: int, reps: int, profile: int, device: torch.device,
 def ranges_table(records: List[Dict[str, Any]], device: torch.device) -> Dict[str, Any]:
     """Medians over the profiled steps: per range and per leaf, the step's time (ms), the host
     time and (CUDA) the kernel time; the top kernels of each leaf."""
-    kernels: Dict[str, Dict[str, float]] = {}
-    for r in records:
-        for leaf, ks in r.get("kernels", {}).items():
-            for k, ms in ks.items():
-                kernels.setdefault(leaf, {})[k] = kernels.get(leaf, {}).get(k, 0.0) + ms / len(records)
+    leaves = dict.fromkeys(leaf for r in records for leaf in r.get("kernels", {}))
+    kernels = {leaf: mean_kernels([r.get("kernels", {}).get(leaf, {}) for r in records]) for leaf in leaves}
     return {
         "steps": len(records), "step_ms": statistics.median(r["step_ms"] for r in records),
         "ranges_ms": sr.medians(records, "ranges"), "leaves_ms": sr.medians(records, "leaves"),
         "leaves_cpu_ms": sr.medians(records, "cpu_ms"),
         **({"leaves_device_ms": sr.medians(records, "device_ms")} if device.type == "cuda" else {}),
-        "top_kernels_ms": {leaf: dict(sorted(ks.items(), key=lambda kv: -kv[1])[:TOP_KERNELS])
-                           for leaf, ks in kernels.items()},
+        "top_kernels_ms": {leaf: top(ks, TOP_KERNELS) for leaf, ks in kernels.items()},
     }
+
+
+def mean_kernels(steps: List[Dict[str, float]]) -> Dict[str, float]:
+    """Per kernel, its mean ms per step over `steps` (0 in a step without it)."""
+    out: Dict[str, float] = {}
+    for ks in steps:
+        for k, ms in ks.items():
+            out[k] = out.get(k, 0.0) + ms / len(steps)
+    return out
+
+
+def top(ms: Dict[str, float], n: int) -> Dict[str, float]:
+    return dict(sorted(ms.items(), key=lambda kv: -kv[1])[:n])
 
 
 def run_gsplat(scene: str, data_factor: int, warmup: int, reps: int, profile: int, sh_interval: int,
@@ -148,15 +153,11 @@ def run_gsplat(scene: str, data_factor: int, warmup: int, reps: int, profile: in
         return {"failed": res}
     prof = res.get("profiled") or []
     if prof:
-        kernels: Dict[str, float] = {}
-        for p in prof:
-            for k, ms in p["kernels"].items():
-                kernels[k] = kernels.get(k, 0.0) + ms / len(prof)
         res["profiled_summary"] = {
             "steps": len(prof), "step_ms": statistics.median(p["step_ms"] for p in prof),
             "cpu_ms": statistics.median(p["cpu_ms"] for p in prof),
             "device_ms": statistics.median(p["device_ms"] for p in prof),
-            "top_kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:3 * TOP_KERNELS]),
+            "top_kernels_ms": top(mean_kernels([p["kernels"] for p in prof]), 3 * TOP_KERNELS),
         }
         del res["profiled"]
     return res

@@ -49,11 +49,17 @@ def machine() -> Dict[str, Any]:
 def git_commit() -> str:
     """HEAD (short, `-dirty` with uncommitted changes under distsplat/); on a machine
     without the repository's .git (the GPU machine gets a copy of the working tree),
-    $DISTSPLAT_COMMIT, which scripts/gpu_prepare.sh records and gpu_validate.sh exports."""
+    $DISTSPLAT_COMMIT, which scripts/gpu_prepare.sh records (.gpu_data/COMMIT, read here too)
+    and gpu_validate.sh exports."""
+    root = Path(__file__).resolve().parents[1]
+    if not os.environ.get("DISTSPLAT_COMMIT") and not (root / ".git").exists():
+        for f in (Path(os.environ.get("DISTSPLAT_DATA", root / ".gpu_data")) / "COMMIT", root / ".gpu_data" / "COMMIT"):
+            if f.is_file():
+                os.environ["DISTSPLAT_COMMIT"] = f.read_text().strip()
+                break
     if os.environ.get("DISTSPLAT_COMMIT"):
         return os.environ["DISTSPLAT_COMMIT"]
     try:
-        root = Path(__file__).resolve().parents[1]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "distsplat"], cwd=root, capture_output=True, text=True)
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")

@@ -33,7 +33,7 @@ makes them): install the wheels as scripts/gpu_setup.sh does, export PYTHONPATH=
 then `for s in default mcmc; do python3 benchmarks/gsplat_peer.py $s ... --result_dir /tmp/peer_$s; done`
 and keep benchmarks/results/gsplat_peer_*.json. Environment:
 GSPLAT_PEER (the peer folder, default <repo>/.gsplat_peer), DISTSPLAT_GSPLAT_EXT (default
-<repo>/.gsplat_ext), DISTSPLAT_COMMIT (else .gpu_data/COMMIT, else git), PEER_DRY_RUN=1 (no
+<repo>/.gsplat_ext), DISTSPLAT_COMMIT (else git, else .gpu_data/COMMIT), PEER_DRY_RUN=1 (no
 CUDA: set everything up, parse the arguments, build gsplat's Parser and Datasets, load one
 image, print the split; training is not run), PEER_RESET=1 (point 5 above).
 
@@ -527,8 +527,6 @@ def main() -> int:
     import gsplat
     from benchmarks.common import write_result
 
-    if not os.environ.get("DISTSPLAT_COMMIT") and (REPO / ".gpu_data" / "COMMIT").is_file():
-        os.environ["DISTSPLAT_COMMIT"] = (REPO / ".gpu_data" / "COMMIT").read_text().strip()
     stats = gsplat_stats(Path(result_dir))
     vals = [v for k, v in sorted(stats.items()) if k.startswith("val_step")]
     trains = [v for k, v in sorted(stats.items()) if k.startswith("train_step")]

@@ -23,8 +23,6 @@ from benchmarks.results_index import ARCHIVE, parse, snapshots, newest  # noqa: 
 RESULTS = HERE / "results"
 REPORT = HERE / "RESULTS.md"
 PLOT = RESULTS / "scaling.png"
-PHASES = ("data", "project", "count_exchange", "pack", "payload_exchange", "rasterize", "loss",
-          "backward", "optimizer", "densification", "other")  # "pack": since the lean step (absent before)
 
 
 def load(name: str, device: Optional[str] = None, folder: Path = RESULTS) -> Optional[Dict[str, Any]]:
@@ -74,32 +72,6 @@ def section_smoke(d) -> str:
     return (f"## CPU smoke run (`cpu_smoke.sh`)\n\n" + d.get("note", "") + "\n\n"
             + md_table(["run", "step", "PSNR", "SSIM", "train s", "num_GS", "GS/rank", "peak RSS GiB/rank"], rows)
             + "\n\n" + provenance(d) + "\n")
-
-
-def section_breakdown(d, device: str) -> str:
-    if d is None:
-        return (f"## Step breakdown ({device})\n\nNo `step_breakdown_*.json` on a {device} yet: "
-                f"`{'DEVICE=cuda ' if device == 'cuda' else ''}python benchmarks/studies/steps/step_breakdown.py`.\n")
-    rows = []
-    for r in d["results"]:
-        ph = r["phase_ms_max_rank"]
-        rows.append([r["W"], f"{r['plain_step_ms_median_max_rank']:.0f}"]
-                    + [f"{ph[p]:.1f}" if p in ph else "-" for p in PHASES]
-                    + [f"{r['reverse_exchange_ms_max_rank']:.1f}", r["collectives_per_step"],
-                       r["host_reads_per_step"], f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f}"])
-    scene = d["scene"]
-    return (f"## Step breakdown ({device}, `step_breakdown.py`)\n\n"
-            f"Scene: {json.dumps(scene)}. Milliseconds per step; per phase the slowest rank's median; "
-            "`plain` is the uninstrumented step. `rev. x` is the reverse all-to-all inside backward. "
-            "Collectives and host reads are per step on rank 0; MB is sent to other ranks by all ranks.\n\n"
-            + d.get("note", "") + "\n\n"
-            + md_table(["W", "plain"] + list(PHASES) + ["rev. x", "collectives", "host reads", "MB sent"], rows)
-            + "\n\nHost reads per step by call site (rank 0, W = " + str(d["results"][-1]["W"]) + "): "
-            + "; ".join(f"`{k}` x{v}" for k, v in d["results"][-1]["ranks"][0]["host_read_sites"].items())
-            + ". Sites are `module:function`. Adam's `.item()` reads its step counter, a CPU tensor also "
-            "in GPU runs (not a device sync); reads in `distsplat.render.torch_backend` belong to the CPU "
-            "backend (GPU runs use gsplat's kernels); `distsplat.distributed.exchange` holds the step's "
-            "one designed host sync.\n\n" + provenance(d) + "\n")
 
 
 def section_step_ops(after, before=None) -> str:
@@ -154,7 +126,7 @@ def section_gsplat(cpu, gpu) -> str:
     return "\n".join(out)
 
 
-def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
+def headline(quick, vs_cpu, vs_gpu, gpu_model=None) -> List[str]:
     """The measured numbers people ask for, each with where it comes from. The one model
     prediction headlined is the GPU-timed scaling (scaling_gpu), labelled as such."""
     out = ["## Headline (measured, except the line labelled a prediction)", ""]
@@ -179,13 +151,6 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
         out.append(f"- CPU: distributed layer at W = 1 vs the one-process render "
                    f"{r['ours_w1_over_ours_render_torch']:.3f}x; our torch projection vs gsplat's pure-torch "
                    f"projection {r['ours_project_over_gsplat_torch_project']:.3f}x (fwd+bwd).")
-    if bd is not None and len(bd["results"]) > 1:
-        r = bd["results"][-1]
-        out.append(f"- Per step at W = {r['W']} (CPU): {r['collectives_per_step']} collectives "
-                   f"({', '.join(r['collectives_per_step_by_phase'])}), "
-                   f"{r['bytes_sent_per_step_all_ranks'] / 1e6:.2f} MB sent by all ranks, "
-                   f"{r['host_reads_per_step']} host reads of tensor values (by phase: "
-                   f"{', '.join(f'{k} {v}' for k, v in r['host_reads_per_step_by_phase'].items())}).")
     if gpu_model is not None and gpu_rows(gpu_model):
         out.append("- " + gpu_headline(gpu_model))
     else:
@@ -193,19 +158,15 @@ def headline(smoke, quick, vs_cpu, vs_gpu, bd, gpu_model=None) -> List[str]:
     return out + [""]
 
 
-def load_run(name: str) -> Optional[Dict[str, Any]]:
-    """The newest training record of scripts/gpu_validate.sh named `name` (results/runs/)."""
-    return load(name, folder=RESULTS / "runs")
-
-
 def capture_runs() -> List[Any]:
     """(strategy, ours, gsplat's peer, ours re-run or None) of the thermos 7000-step GPU
     runs, for the strategies where both trainers' records exist."""
     out = []
     for strategy in ("default", "mcmc"):
-        ours, peer = load_run(f"{strategy}_thermos_7000"), load(f"gsplat_peer_{strategy}")
+        run = lambda name: load(name, folder=RESULTS / "runs")  # noqa: E731  (scripts/gpu_validate.sh's records)
+        ours, peer = run(f"{strategy}_thermos_7000"), load(f"gsplat_peer_{strategy}")
         if ours is not None and peer is not None:
-            out.append((strategy, ours, peer, load_run(f"{strategy}_thermos_7000_rerun")))
+            out.append((strategy, ours, peer, run(f"{strategy}_thermos_7000_rerun")))
     return out
 
 
@@ -418,9 +379,9 @@ def section_files() -> str:
     return "\n".join(out)
 
 
-def plot(breakdown, gpu_model) -> Optional[Path]:
-    """Left: the CPU step time against W (step_breakdown, measured); right: the predicted GPU
-    speedups of the GPU-timed scaling model (scaling_gpu), per link and per-rank batch."""
+def plot(gpu_model) -> Optional[Path]:
+    """The predicted GPU speedups of the GPU-timed scaling model (scaling_gpu), per link and
+    per-rank batch."""
     try:
         import matplotlib
 
@@ -429,28 +390,19 @@ def plot(breakdown, gpu_model) -> Optional[Path]:
     except ImportError:
         print("make_report: matplotlib is not installed (pip install -e '.[bench]'): no plot")
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    Ws = [1, 4]
-    if breakdown is not None:
-        rs = breakdown["results"]
-        Ws = [r["W"] for r in rs]
-        ax1.plot(Ws, [r["plain_step_ms_median_max_rank"] for r in rs], "o-", label="measured step (CPU)")
+    fig, ax = plt.subplots(figsize=(6, 4.2))
     rows = gpu_rows(gpu_model) if gpu_model is not None else {}
-    if rows:
-        gW = sorted({W for W, _ in rows})
-        ax2.plot(gW, gW, "k:", label="ideal (W x)")
-        for b in sorted({b for _, b in rows}):
-            for link, style in (("nvlink_h100", "o-"), ("pcie4", "s--")):
-                pts = [(W, rows[(W, b)]["predicted"]["ours"][link]["speedup"]) for W in gW if (W, b) in rows]
-                ax2.plot(*zip(*pts), style, label=f"predicted GPUs, {link}, batch {b} per rank")
-        Ws = sorted(set(Ws) | set(gW))
-    ax1.set(xlabel="W (ranks)", ylabel="step time (ms)", title="Step time vs W (1 camera per rank)")
-    ax2.set(xlabel="W (ranks)", ylabel="throughput speedup vs W=1", title="Speedup (images/s)")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        ax.set_xticks(range(1, 1 + max(4, max(Ws))))
-    fig.suptitle("distsplat scaling: CPU measurements (gloo, 2-core machine) and GPU predictions (scaling_gpu)", fontsize=10)
+    Ws = sorted({W for W, _ in rows}) or [1, 4]
+    ax.plot(Ws, Ws, "k:", label="ideal (W x)")
+    for b in sorted({b for _, b in rows}):
+        for link, style in (("nvlink_h100", "o-"), ("pcie4", "s--")):
+            pts = [(W, rows[(W, b)]["predicted"]["ours"][link]["speedup"]) for W in Ws if (W, b) in rows]
+            ax.plot(*zip(*pts), style, label=f"predicted GPUs, {link}, batch {b} per rank")
+    ax.set(xlabel="W (ranks)", ylabel="throughput speedup vs W=1", title="Speedup (images/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_xticks(range(1, 1 + max(4, max(Ws))))
+    fig.suptitle("distsplat scaling: GPU predictions (scaling_gpu: each rank's step timed on one GPU)", fontsize=10)
     fig.tight_layout()
     PLOT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(PLOT, dpi=110)
@@ -458,11 +410,11 @@ def plot(breakdown, gpu_model) -> Optional[Path]:
 
 
 def main() -> int:
-    smoke, bd_cpu, bd_gpu = load("cpu_smoke"), load("step_breakdown", "cpu"), load("step_breakdown", "gpu")
+    smoke = load("cpu_smoke")
     vs_cpu, vs_gpu = load("vs_gsplat", "cpu"), load("vs_gsplat", "gpu")
     gpu_model = load("scaling_gpu")
     quick = load("quickstart")
-    png = plot(bd_cpu, gpu_model)
+    png = plot(gpu_model)
     parts = [
         "# distsplat benchmark results",
         "",
@@ -477,12 +429,8 @@ def main() -> int:
         "(`tests/unit/test_claims.py`).",
         "",
     ]
-    parts += headline(smoke, quick, vs_cpu, vs_gpu, bd_cpu, gpu_model)
-    parts += [section_smoke(smoke), section_breakdown(bd_cpu, "cpu")]
-    parts += [section_breakdown(bd_gpu, "cuda") if bd_gpu else
-              "## Step breakdown (cuda)\n\nPending: no GPU run yet (`python benchmarks/studies/steps/step_breakdown.py` "
-              "on a CUDA machine runs W = 1 on the GPU).\n"]
-    parts += [section_step_ops(load("step_ops", "cpu"))]
+    parts += headline(quick, vs_cpu, vs_gpu, gpu_model)
+    parts += [section_smoke(smoke), section_step_ops(load("step_ops", "cpu"))]
     parts += [section_gsplat(vs_cpu, vs_gpu)] + [s for s in [section_capture_gpu(), section_gpu_model(gpu_model)] if s]
     if png is not None:
         parts += [f"![scaling]({png.relative_to(HERE).as_posix()})", ""]

@@ -32,27 +32,29 @@ def scene_spec() -> Dict[str, Any]:
     return {"kind": "folder", "data_dir": scene, "data_factor": int(os.environ.get("DATA_FACTOR", 4))}
 
 
-def make_config(spec: Dict[str, Any], steps: int, result_dir: str, refine_at: Optional[int] = None,
-                strategy: str = "default"):
-    """A trainer Config for `steps` calls of Trainer.train_step on `spec`. Densification
-    statistics are accumulated every step (DefaultStrategy.step_post_backward); the
-    grow/prune/rebalance step runs only at step `refine_at` (None: never), so the other
-    steps have a fixed number of Gaussians."""
-    from distsplat.train.config import SyntheticConfig, default_config, mcmc_config
+def trainer_config(result_dir: str, max_steps: int, data_dir: Optional[str] = None,
+                   data_factor: Optional[int] = None, strategy: str = "default"):
+    """What `simple_trainer.py default|mcmc --max_steps S --result_dir R --disable_viewer --no-save_ply
+    --eval_steps --save_steps` (with `--data_dir D --data_factor F` for a scene folder) parses: the
+    user's config, nothing evaluated or saved inside the benchmark's steps. Not validated."""
+    from distsplat.train.config import default_config, mcmc_config
 
     cfg = default_config() if strategy == "default" else mcmc_config()
-    if spec["kind"] == "builtin":
-        cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=spec["cameras"], num_gaussians=spec["gaussians"],
-                                        width=spec["width"], height=spec["height"])
-    else:
-        cfg.data_dir, cfg.data_factor = spec["data_dir"], spec["data_factor"]
-    cfg.max_steps = steps
-    cfg.result_dir = result_dir
-    cfg.disable_viewer = True
-    cfg.save_ply = False
-    cfg.num_workers = 1
-    cfg.cache = "decoded"  # see prewarm()
-    cfg.sh_degree_interval = 1  # SH degree 3 from step 3 on: the steady-state payload
+    cfg.data_dir = data_dir
+    if data_factor is not None:
+        cfg.data_factor = data_factor
+    cfg.max_steps, cfg.result_dir = max_steps, result_dir
+    cfg.eval_steps, cfg.save_steps, cfg.save_ply, cfg.disable_viewer = [], [], False, True
+    return cfg
+
+
+def steady_state(cfg, refine_at: Optional[int] = None):
+    """cfg for timing steps: SH degree 3 from step 3 on (the steady-state payload), images decoded
+    in RAM (see prewarm()). Densification statistics are accumulated every step
+    (DefaultStrategy.step_post_backward); the grow/prune/rebalance step runs only at step
+    `refine_at` (None: never), so the other steps have a fixed number of Gaussians. Validated."""
+    cfg.cache = "decoded"
+    cfg.sh_degree_interval = 1
     s = cfg.strategy
     if refine_at is None:
         s.refine_start_iter = s.refine_stop_iter = 10 ** 9
@@ -62,6 +64,20 @@ def make_config(spec: Dict[str, Any], steps: int, result_dir: str, refine_at: Op
         s.reset_every = 10 ** 9
     cfg.validate()
     return cfg
+
+
+def make_config(spec: Dict[str, Any], steps: int, result_dir: str, refine_at: Optional[int] = None,
+                strategy: str = "default"):
+    """A trainer Config for `steps` calls of Trainer.train_step on `spec`, one loader thread per
+    rank (W ranks share the cores), timed as steady_state says."""
+    from distsplat.train.config import SyntheticConfig
+
+    cfg = trainer_config(result_dir, steps, spec.get("data_dir"), spec.get("data_factor"), strategy)
+    if spec["kind"] == "builtin":
+        cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=spec["cameras"], num_gaussians=spec["gaussians"],
+                                        width=spec["width"], height=spec["height"])
+    cfg.num_workers = 1
+    return steady_state(cfg, refine_at)
 
 
 def free_port() -> int:

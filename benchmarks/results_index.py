@@ -2,7 +2,7 @@
 
     benchmarks/results/<name>_<device>_<date>.json     e.g. quickstart_cpu2_2026-11-26.json
 
-`name` says what was measured (the benchmark, with its variant: `step_breakdown`, `mixed_sizes_x2`),
+`name` says what was measured (the benchmark, with its variant: `step_ops`, `million_memory_1000000`),
 `device` where (`cpu2`: a CPU-only machine with 2 cores; `h100`, `h200`: the GPU), `date` when
 (UTC, YYYY-MM-DD; a second snapshot of the same name and device on the same day adds the time,
 `2026-11-26T031636`, so names sort by time). The commit is inside the file. A rerun writes a new
@@ -14,6 +14,7 @@ No torch import: make_report.py and the scripts use it without the target torch.
     python benchmarks/results_index.py file PATH... [--name NAME] [--device DEV]   # git mv plain-named
                                                       # records (NAME.json) to their dated names
     python benchmarks/results_index.py archive        # git mv superseded snapshots to results/archive/
+    python benchmarks/results_index.py archive PATH... # git mv these (a deleted study's) to results/archive/
 """
 
 from __future__ import annotations
@@ -108,11 +109,6 @@ def newest(name: str, device: Optional[str] = None, folder: Optional[Path] = Non
     return found[-1] if found else None
 
 
-def load_newest(name: str, device: Optional[str] = None, folder: Optional[Path] = None) -> Optional[Dict[str, Any]]:
-    path = newest(name, device, folder)
-    return None if path is None else json.loads(path.read_text())
-
-
 def superseded(folder: Optional[Path] = None) -> List[Path]:
     """Every snapshot with a newer one of the same name and device: what archive/ is for."""
     latest: Dict[Tuple[str, str], Path] = {}
@@ -154,17 +150,24 @@ def main(argv: List[str]) -> int:
     f.add_argument("paths", nargs="+", type=Path)
     f.add_argument("--name", help="the snapshot's name (one path only; default: the file's stem)")
     f.add_argument("--device", help="where it was measured (default: from its machine field)")
-    a = sub.add_parser("archive", help="git mv superseded snapshots to results/archive/")
-    a.add_argument("folder", nargs="?", type=Path, default=RESULTS)
+    a = sub.add_parser("archive", help="git mv superseded snapshots (of FOLDER, default the record), or the "
+                                       "snapshots named, to results/archive/")
+    a.add_argument("paths", nargs="*", type=Path, help="a results folder, or snapshots (a study's gone)")
     args = ap.parse_args(argv)
     if args.cmd == "file":
         if args.name and len(args.paths) > 1:
             ap.error("--name names one record")
         for p in args.paths:
             file_record(p, args.name, args.device)
+    elif len(args.paths) <= 1 and all(p.is_dir() for p in args.paths):
+        folder = args.paths[0] if args.paths else RESULTS
+        for p in superseded(folder):
+            _git_mv(p, folder / ARCHIVE / p.name)
     else:
-        for p in superseded(args.folder):
-            _git_mv(p, args.folder / ARCHIVE / p.name)
+        for p in args.paths:
+            if parse(p) is None or not p.is_file():
+                ap.error(f"{p}: not a snapshot (<name>_<device>_<date>.json)")
+            _git_mv(p, p.parent / ARCHIVE / p.name)
     return 0
 
 

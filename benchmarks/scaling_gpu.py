@@ -96,15 +96,6 @@ from distsplat.distributed.exchange import N_COLUMNS as COUNT_COLUMNS  # noqa: E
 T_START = time.perf_counter()
 
 
-def makespan(seconds: List[float]) -> float:
-    """Time until all ranks, one device each, finish a segment of `seconds` each: the slowest."""
-    return max(seconds, default=0.0)
-
-
-def speedup(t1: float, tW: float, W: int) -> float:
-    """Throughput speedup at a per-rank batch: W times the images per step."""
-    return W * t1 / tW
-
 # Interconnect figures (stated, not measured here). Bandwidths are per GPU per direction as an
 # all-to-all achieves them ("bus bandwidth" in nccl-tests' terms), latencies per small collective.
 LINKS: Dict[str, Dict[str, Any]] = {
@@ -282,26 +273,14 @@ def write_garden_scene(folder: Path, small: bool) -> Dict[str, Any]:
 
 
 def bench_config(data_dir: str, data_factor: int, batch: int, result_dir: str):
-    """The trainer's default config on the scene, per-rank batch `batch`: SH degree 3 from
-    step 3, densification statistics every step and never a refine (a fixed number of
-    Gaussians), images decoded in RAM (prewarmed before timing)."""
-    from distsplat.train.config import default_config
+    """The trainer's default config on the scene, per-rank batch `batch`, timed in its steady
+    state (procs.steady_state: SH degree 3 from step 3, densification statistics every step
+    and never a refine, images decoded in RAM, prewarmed before timing)."""
+    from benchmarks.procs import steady_state, trainer_config
 
-    cfg = default_config()
-    cfg.data_dir, cfg.data_factor = data_dir, data_factor
+    cfg = trainer_config(result_dir, 30_000, data_dir, data_factor)
     cfg.batch_size = batch
-    cfg.max_steps = 30_000
-    cfg.sh_degree_interval = 1
-    cfg.result_dir = result_dir
-    cfg.disable_viewer, cfg.save_ply = True, False
-    cfg.eval_steps, cfg.save_steps = [], []
-    cfg.cache = "decoded"
-    s = cfg.strategy
-    s.refine_start_iter = s.refine_stop_iter = 10 ** 9
-    if hasattr(s, "reset_every"):
-        s.reset_every = 10 ** 9
-    cfg.validate()
-    return cfg
+    return steady_state(cfg)
 
 
 # ------------------------------------------------------------------------------ setup, once
@@ -374,13 +353,6 @@ class SetupMemo:
         return m
 
 
-def prewarm(trainer) -> None:
-    """Every own image decoded into the rank's cache before timing (benchmarks/procs.py)."""
-    from benchmarks.procs import prewarm as fill
-
-    fill(trainer)
-
-
 # ------------------------------------------------------------------------------ one rank
 
 
@@ -426,6 +398,7 @@ def rank_job(ctx, job: Dict[str, Any], token=None) -> List[Dict[str, Any]]:
     Trainer set up on the scene, SCALING_WARMUP steps, then SCALING_STEPS steps under the
     profiler, ranks taking turns with `token`. Returns per batch the steps' leaves (ms),
     collectives and comm; with job["return_params"], the parameters after the last step."""
+    from benchmarks.procs import prewarm
     from distsplat.train.trainer import Trainer
 
     device = ctx.device
@@ -490,10 +463,6 @@ def _plain_matches(cfg, ctx, params, first: int, n: int) -> bool:
         plain.cleanup()
 
 
-def _rank_entry(ctx, job: Dict[str, Any], token) -> List[Dict[str, Any]]:
-    return rank_job(ctx, job, token)
-
-
 def run_world(W: int, job: Dict[str, Any]) -> List[List[Dict[str, Any]]]:
     """rank_job on W ranks: in this process at W = 1, else W processes (benchmarks/procs.py)
     sharing this machine's one device (shared-GPU mode on CUDA), taking turns."""
@@ -508,7 +477,7 @@ def run_world(W: int, job: Dict[str, Any]) -> List[List[Dict[str, Any]]]:
     if torch.cuda.is_available():
         os.environ["DISTSPLAT_SHARED_GPU"] = "1"  # the children inherit it: every rank on cuda:0 over gloo
     token = mp.get_context("spawn").Lock()
-    return run_ranks(_rank_entry, W, job, token)
+    return run_ranks(rank_job, W, job, token)
 
 
 def job_device() -> torch.device:
@@ -560,8 +529,9 @@ def model_step(rec: Dict[str, Any], link: Optional[Dict[str, Any]], system: str 
     # gsplat on one GPU renders without its distributed code path: no packing stage (at W > 1
     # its all_to_all_tensor_list concatenations and id offsets stand in for our packing).
     unpacked = system == "gsplat" and W == 1
-    ac = makespan([segment(s, "A") - unpacked * s.get("distsplat/pack", 0.0) + segment(s, "C") for s in st])
-    b = makespan([segment(s, "B") for s in st])
+    # the slowest rank: when all ranks, one device each, have finished the segment
+    ac = max(segment(s, "A") - unpacked * s.get("distsplat/pack", 0.0) + segment(s, "C") for s in st)
+    b = max(segment(s, "B") for s in st)
     x = 0.0
     if link is not None and W > 1:
         if system == "ours":
@@ -690,26 +660,14 @@ def add_speedups(rows: List[Dict[str, Any]]) -> None:
         one = base.get(row["batch_per_rank"])
         if one is None:
             continue
-        row["speedup_compute_only"] = round(speedup(one["compute_only_step_ms"], row["compute_only_step_ms"], row["W"]), 3)
+        row["speedup_compute_only"] = round(row["W"] * one["compute_only_step_ms"] / row["compute_only_step_ms"], 3)
         for system in ("ours", "gsplat"):
             for name in LINKS:
                 p = row["predicted"][system][name]
-                p["speedup"] = round(speedup(one["predicted"][system][name]["step_ms"], p["step_ms"], row["W"]), 3)
+                p["speedup"] = round(row["W"] * one["predicted"][system][name]["step_ms"] / p["step_ms"], 3)
 
 
 # ------------------------------------------------------------------------------ main
-
-
-def commit_fallback() -> None:
-    """On the GPU machine the working tree has no .git: .gpu_data/COMMIT names the commit."""
-    if os.environ.get("DISTSPLAT_COMMIT"):
-        return
-    root = Path(__file__).resolve().parents[1]
-    if not (root / ".git").exists():
-        for f in (Path(os.environ.get("DISTSPLAT_DATA", root / ".gpu_data")) / "COMMIT", root / ".gpu_data" / "COMMIT"):
-            if f.exists():
-                os.environ["DISTSPLAT_COMMIT"] = f.read_text().strip()
-                return
 
 
 def config_order(ws: List[int], batches: List[int], seed: int) -> List[Tuple[int, int]]:
@@ -741,7 +699,6 @@ def speedups_missing(rows: List[Dict[str, Any]], ws: List[int], batches: List[in
 def main() -> None:
     from benchmarks.common import write_result
 
-    commit_fallback()
     small = os.environ.get("SMALL", "0") == "1"
     device = job_device()
     ws, batches = env_list("WS", "1,2,4,8"), env_list("BATCHES", "1,4")

@@ -12,8 +12,8 @@ Why groups and not padding to the largest size with a mask: a padded pixel costs
 rasterization, its loss and its SSIM blur in both directions, and SSIM's zero padding at a
 mask's edge would need the mask carried into every window to weigh an image as its own
 size does; a group costs one more count exchange and payload all-to-all per extra size
-(benchmarks/results/mixed_sizes_cpu.json measures both against a single-size scene of the
-same pixels).
+(benchmarks/results/archive/mixed_sizes_cpu2_2026-11-23.json measured both against a single-size
+scene of the same pixels, with the one-off study bench_mixed_sizes.py, since removed).
 
 The loss needs nothing special: each image's loss is its own mean, divided by the global
 batch C, whatever call rendered it, so the sum over the groups is the single-size loss.

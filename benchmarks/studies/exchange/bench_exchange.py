@@ -20,20 +20,18 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import viewmat_towards_origin  # noqa: E402
+from benchmarks.procs import run_ranks  # noqa: E402
 
 WIDTH, HEIGHT = 96, 72
 # gsplat 1.5.3 rasterization(packed=True) with world_size > 1, as read in its rendering.py
@@ -105,63 +103,47 @@ class Recorder:
         return dict(self.calls), list(self.a2a)
 
 
-def worker(rank: int, W: int, port: int, cfg: dict, out_dir: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(W), "LOCAL_RANK": str(rank)})
-    torch.set_num_threads(1)
+def worker(ctx, cfg: dict) -> dict:
+    """One rank (benchmarks/procs.py run_ranks: a gloo process, one thread): the library's
+    distributed_rasterize on this rank's chunk, its real calls counted and timed."""
     import torch.distributed as dist
 
-    from distsplat.distributed import barrier, destroy, distributed_rasterize, init_distributed, local_chunk
-    ctx = init_distributed(backend="gloo", timeout_s=120)
-    try:
-        params, viewmats, Ks = make_scene(cfg["n_all"], cfg["n_cameras"])
-        params = [t.clone().requires_grad_() for t in local_chunk(params, rank, W)]
-        owner = torch.arange(cfg["n_cameras"]) * W // cfg["n_cameras"]  # rank-major
-        rec = Recorder()
-        calls, meta, in_call, fwd_iso, bwd_iso, call_s = {}, None, [], [], [], []
-        for rep in range(cfg["steps"] + 1):  # rep 0 warms up
-            barrier()
-            t0 = time.perf_counter()
-            rec.start()
-            _, _, meta = distributed_rasterize(*params, viewmats, Ks, WIDTH, HEIGHT, owner,
-                                               backend="torch")
-            calls, a2a = rec.stop()
-            dt = time.perf_counter() - t0
+    from distsplat.distributed import barrier, distributed_rasterize, local_chunk
+
+    rank, W = ctx.rank, ctx.world_size
+    params, viewmats, Ks = make_scene(cfg["n_all"], cfg["n_cameras"])
+    params = [t.clone().requires_grad_() for t in local_chunk(params, rank, W)]
+    owner = torch.arange(cfg["n_cameras"]) * W // cfg["n_cameras"]  # rank-major
+    rec = Recorder()
+    calls, meta, in_call, fwd_iso, bwd_iso, call_s = {}, None, [], [], [], []
+    for rep in range(cfg["steps"] + 1):  # rep 0 warms up
+        barrier()
+        t0 = time.perf_counter()
+        rec.start()
+        _, _, meta = distributed_rasterize(*params, viewmats, Ks, WIDTH, HEIGHT, owner,
+                                           backend="torch")
+        calls, a2a = rec.stop()
+        dt = time.perf_counter() - t0
+        if W > 1:
+            (out, payload), kw = a2a[1]["args"]
+            send, recv = kw["input_split_sizes"], kw["output_split_sizes"]
+            barrier()  # isolated: no rank is still projecting
+            t1 = time.perf_counter()
+            dist.all_to_all_single(torch.empty_like(out), payload.detach(), recv, send)
+            t2 = time.perf_counter()
+            dist.all_to_all_single(torch.empty_like(payload), out.detach(), send, recv)
+            t3 = time.perf_counter()
+        if rep:
+            call_s.append(dt)
             if W > 1:
-                (out, payload), kw = a2a[1]["args"]
-                send, recv = kw["input_split_sizes"], kw["output_split_sizes"]
-                barrier()  # isolated: no rank is still projecting
-                t1 = time.perf_counter()
-                dist.all_to_all_single(torch.empty_like(out), payload.detach(), recv, send)
-                t2 = time.perf_counter()
-                dist.all_to_all_single(torch.empty_like(payload), out.detach(), send, recv)
-                t3 = time.perf_counter()
-            if rep:
-                call_s.append(dt)
-                if W > 1:
-                    in_call.append(a2a[0]["s"] + a2a[1]["s"])
-                    fwd_iso.append(t2 - t1)
-                    bwd_iso.append(t3 - t2)
-        med = lambda xs: 1e3 * statistics.median(xs) if xs else 0.0  # noqa: E731
-        result = {"calls": calls, "comm": meta["comm"], "call_ms": med(call_s),
-                  "exchange_in_call_ms": med(in_call), "exchange_fwd_isolated_ms": med(fwd_iso),
-                  "exchange_bwd_isolated_ms": med(bwd_iso)}
-        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        destroy(ctx)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run(W: int, cfg: dict) -> list:
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(worker, args=(W, free_port(), cfg, out_dir), nprocs=W,
-                           start_method="spawn", join=True)
-        return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(W)]
+                in_call.append(a2a[0]["s"] + a2a[1]["s"])
+                fwd_iso.append(t2 - t1)
+                bwd_iso.append(t3 - t2)
+    med = lambda xs: 1e3 * statistics.median(xs) if xs else 0.0  # noqa: E731
+    result = {"calls": calls, "comm": meta["comm"], "call_ms": med(call_s),
+              "exchange_in_call_ms": med(in_call), "exchange_fwd_isolated_ms": med(fwd_iso),
+              "exchange_bwd_isolated_ms": med(bwd_iso)}
+    return result
 
 
 def summarize(W: int, ranks: list) -> dict:
@@ -193,7 +175,7 @@ def main() -> None:
     cfg = {"n_all": n_all, "n_cameras": n_cameras, "steps": int(os.environ.get("STEPS", 3))}
     rows = []
     for W in range(1, max_w + 1):
-        row = summarize(W, run(W, cfg))
+        row = summarize(W, run_ranks(worker, W, cfg))
         rows.append(row)
         gsplat_ref = (f"gsplat 1.5.3: 2 all_gather + 4 all_to_all fwd, {1 + 3 * W} host syncs"
                       if W > 1 else "gsplat 1.5.3: no exchange at W=1")
@@ -231,7 +213,7 @@ def main() -> None:
     path = result_path("exchange", f"cpu{os.cpu_count()}", out["date"])
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"bench_exchange: W=1..{max_w}, {rows[-1]['bytes_per_pair']} B/pair, "
-          f"{rows[-1]['pairs_per_step']} pairs/step -> {path.relative_to(ROOT)}")
+          f"{rows[-1]['pairs_per_step']} pairs/step -> {path}")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,15 @@ fill with the rank's blobs (source reads, not decoded: they are zeros). besides_
 RSS at the end - RSS before parsing - the blobs' bytes, as in bench_million.py.
 gc_full_ms: one full gc.collect() at the end; besides_cache_after_trim_mb: the same after
 glibc's malloc_trim (the allocator's free heap taken out; diagnostic only).
-step_host_us: a training step's host work that could grow with N (the shared-seed batch,
-the rank's cameras of it, their viewmats and Ks, cache slots), mean over 2000 steps.
+What a training step costs at N images is measured on the real trainer: bench_million.py
+trains the N-image capture with the CLI (steps/s), and any step can be read by its ranges
+(benchmarks/step_ranges.py). The copy of the step's host work this study once timed
+(`step_host_us` in million_memory_1000000_cpu2_2026-11-23.json) is no longer run.
 
     N=1000000 W=2 nice -n 10 python benchmarks/studies/many_images/bench_million_memory.py
 
 Environment: N (1000000), W (2), RANKS (ranks measured, "0"), WORK (tmp_bench_million beside the checkout). Writes
-benchmarks/results/million_memory_<N>.json; deletes the generated files.
+benchmarks/results/million_memory_<N>_<device>_<date>.json; deletes the generated files.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def rank_worker(args) -> dict:
     import gc
     import resource
 
-    import torch  # noqa: F401  (the trainer's imports are in every rank's baseline)
+    import torch  # the trainer's imports are in every rank's baseline
 
     from distsplat.data import ImageCache, TarShardSource, load_colmap
     from distsplat.data.heap import trim_heap
@@ -115,21 +117,6 @@ def rank_worker(args) -> dict:
     for k, c in enumerate(own.tolist()):  # read_into's compressed path without the decode (zeros)
         cache._store(k, c)
     stage("cache_fill", t)
-    # Host work of a training step that could grow with the number of cameras: the shared-seed
-    # batch, this rank's cameras of it (trainer._own_cameras), their poses and Ks, the cache slot.
-    import torch
-
-    train_idx = torch.as_tensor(scene.train, dtype=torch.int64)
-    steps = 2000
-    t = time.perf_counter()
-    for s in range(steps):
-        b = batcher.batch(0, s % batcher.steps_per_epoch)
-        scene_cams = train_idx[b.cameras]
-        mine = scene_cams[b.own(rank)].tolist()
-        cams["viewmats"][scene_cams], cams["Ks"][scene_cams]  # the batch's poses: inverted here (Viewmats)
-        for c in mine:
-            cache.slot(c)
-    out["step_host_us"] = (time.perf_counter() - t) / steps * 1e6
     # A full garbage collection traverses every container the rank holds (a Python list per
     # camera would be walked element by element, each time the trainer's gen-2 collection runs).
     t = time.perf_counter()

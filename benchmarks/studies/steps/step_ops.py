@@ -62,8 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_result  # noqa: E402
-from benchmarks.procs import prewarm, run_ranks  # noqa: E402
-from benchmarks.studies.steps.step_breakdown import _TimedLoader  # noqa: E402
+from benchmarks.procs import prewarm, run_ranks, steady_state, trainer_config  # noqa: E402
 
 PHASES = ("forward", "backward", "update")
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
@@ -251,6 +250,22 @@ class OpCounter(TorchDispatchMode):
         return _plain(self.step)
 
 
+class _PhasedLoader:
+    """The trainer's loader with next() counted in another phase; everything else passes through."""
+
+    def __init__(self, loader, phased_next: Callable):
+        self._loader, self._next = loader, phased_next
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._next()
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
 def _syncs_on_cuda(func, name: str, args, kwargs) -> bool:
     """Whether the op reads device values to the host on CUDA (its output size or a
     check depends on them)."""
@@ -271,25 +286,17 @@ def _plain(x):
 
 
 def make_cfg(scene: str, steps: int, result_dir: str, batch: int):
-    """A Config for `steps` train_step calls, none of which refines (statistics accumulate
-    every step, as on the ~15k steps between refinements); no viewer, eval or save."""
-    from distsplat.train.config import default_config
-
-    cfg = default_config()
-    if scene != "builtin":  # builtin: the trainer's default synthetic scene (no --data_dir)
-        cfg.data_dir, cfg.data_factor = scene, int(os.environ.get("DATA_FACTOR", 8))
-    cfg.max_steps, cfg.result_dir, cfg.batch_size = steps, result_dir, batch
-    cfg.eval_steps, cfg.save_steps, cfg.save_ply, cfg.disable_viewer = [], [], False, True
-    cfg.num_workers, cfg.cache = 1, "decoded"  # prewarm() fills it before anything is timed
-    cfg.sh_degree_interval = 1  # SH degree 3 from step 3 on: the steady-state payload
+    """The user's Config for `steps` train_step calls, none of which refines (statistics accumulate
+    every step, as on the ~15k steps between refinements; procs.steady_state); no viewer, eval or save."""
+    builtin = scene == "builtin"  # the trainer's default synthetic scene (no --data_dir)
+    cfg = trainer_config(result_dir, steps, None if builtin else scene,
+                         None if builtin else int(os.environ.get("DATA_FACTOR", 8)))
+    cfg.batch_size, cfg.num_workers = batch, 1  # prewarm() fills the cache before anything is timed
     # The distributed step itself (issue 28's goal): issue 33's camera-cost note (Balancer.record,
     # 3 forward ops per step at W > 1: searchsorted, diff, index_copy_) is switched off here
     # unless BALANCE_CAMERAS=1; with it, W = 2 adds 11 + 6 ops (measured at 8c66678).
     cfg.balance_cameras = os.environ.get("BALANCE_CAMERAS") == "1"
-    s = cfg.strategy
-    s.refine_start_iter = s.refine_stop_iter = s.reset_every = 10 ** 9
-    cfg.validate()
-    return cfg
+    return steady_state(cfg)
 
 
 def measure(ctx, scene: str, batch: int, warmup: int, steps: int, timed: int) -> Dict[str, Any]:
@@ -307,7 +314,7 @@ def measure(ctx, scene: str, batch: int, warmup: int, steps: int, timed: int) ->
                 trainer.train_step(step)
                 plain.append(time.perf_counter() - t0)
             counter, loader = OpCounter(), trainer.loader
-            trainer.loader = _TimedLoader(loader, counter.in_phase("update", loader.__next__))
+            trainer.loader = _PhasedLoader(loader, counter.in_phase("update", loader.__next__))
             records = []
             for step in range(warmup + timed, warmup + timed + steps):
                 assert not trainer._is_refine_step(step)
