@@ -44,7 +44,7 @@ def trainer_config(result_dir: str, max_steps: int, data_dir: Optional[str] = No
     if data_factor is not None:
         cfg.data_factor = data_factor
     cfg.max_steps, cfg.result_dir = max_steps, result_dir
-    cfg.eval_steps, cfg.save_steps, cfg.save_ply, cfg.disable_viewer = [], [], False, True
+    cfg.eval_steps, cfg.save_steps, cfg.save_ply = [], [], False  # (cli.run: the app's viewer is not attached)
     return cfg
 
 

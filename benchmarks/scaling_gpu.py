@@ -1,61 +1,13 @@
 """The scaling model of the distributed step, fed by the trainer's own step: W ranks of a real
 `Trainer` (setup, loader, distributed render, the trainer's loss with fused-ssim on a GPU,
 fused Adam, densification bookkeeping), each timed per range (benchmarks/step_ranges.py) on
-ONE device, one rank at a time.
+ONE device, one rank at a time, taking turns; the ranges are summed into the segments between
+the step's synchronization points and the collectives priced by a link model:
 
-W > 1: W processes in a gloo group share the device (shared-GPU mode on CUDA,
-distsplat/distributed/staging.py; plain gloo on a CPU) and take turns (step_ranges.
-taking_turns): a rank computes only while it holds a token that it gives up inside every
-collective, after its kernels are done. So each rank's ranges are its work alone on the
-device, as on a GPU of its own; the time in a collective (the exchange, the other ranks'
-turns) is set aside and priced by the model instead. W = 1 runs in this process. Every rank
-runs `Trainer.train_step` under torch.profiler; its leaves (step_ranges.py) are split into
-the segments between the step's synchronization points:
+    T(W) = max_r(A_r + C_r) + max_r(B_r) + X(W),   speedup(W) = W * T(1) / T(W)
 
-    A  train/batch, distsplat/project, distsplat/pack, train/render:other
-       (everything up to and including packing the payload)
-    B  distsplat/rasterize, train/loss, train/backward up to the payload exchange's backward
-       (train/backward:before_exchange; the whole train/backward at W = 1)
-    C  train/backward:after_exchange (the projection's backward), train/divergence,
-       train/optimizer, train/densify
-    X  distsplat/count_exchange, distsplat/payload_exchange,
-       distsplat/payload_exchange_backward and the collectives: measured, reported, and
-       replaced in the prediction by the link model below (staged through the host here)
-
-A range the render does not mark is reported missing (`ranges_missing`), and its time stays
-in train/render:other (A) or train/backward (B): the prediction is then rougher, not wrong
-in kind. Links are priced from stated figures (LINKS, each with its source). Model:
-
-    T(W) = max_r(A_r + C_r) + max_r(B_r) + X(W)
-    X(W) = collectives * latency + host_syncs * host_sync
-           + sum over directions of the busiest rank's bytes / bandwidth
-    speedup(W) = W * T(1) / T(W)      (per-rank batch fixed: W times the images per step)
-
-Per configuration also the slowest rank two ways (`makespans`): the makespan of the ranks'
-median segments, and the mean over steps of each step's makespan (what T(W) uses), with their
-ratio (`imbalance`: how much the slowest rank changes from step to step).
-
-The configurations (W, per-rank batch) run one at a time in a seeded shuffle (SCALING_ORDER_SEED;
-the order planned and run is in the JSON), each W > 1 in rank processes of its own: clocks that
-settle over the run favour no W. Past TIME_LIMIT_S no W > 1 starts, but every W = 1 still runs
-(every speedup divides by it; it runs in this process); `speedups_missing` names the speedups
-that could not be computed.
-
-collectives and host syncs are those the ranks' steps made (the count exchange, the payload
-both ways, the divergence check's all-reduce; each collective outside the render is read on
-the host); pairs and bytes come from the render's meta["comm"]. The same accounting is done
-for gsplat 1.5.3's `rasterization(distributed=True)` (its collectives and bytes per step from
-gsplat/rendering.py + gsplat/distributed.py, with the pair counts measured here and the same
-kernel times: both project every local Gaussian into every batch camera and rasterize their
-own cameras with the same kernels).
-
-The scene: a COLMAP capture written once per run (test_garden's SfM points replicated
-REPLICAS times, each copy jittered by its point's nearest-neighbour distance, copies of a
-point adjacent so the contiguous chunks keep the file's order; 64 cameras around the 3
-garden views turned by up to 8 degrees, 1296x840, random images), read by `Trainer.setup`
-as any --data_dir; or SCENE, any COLMAP folder. The scene and the initial Gaussians are
-computed once (by the trainer's own load_scene and init_gaussians) and served to every rank's
-setup (`SetupMemo`), which otherwise would read and k-NN a million points per rank and config.
+docs/gpu.md ("The scaling model") says how the ranks take turns, what each segment holds, how
+links are priced, the same accounting for gsplat's distributed mode, and the scene.
 
     PYTHONPATH=$PWD python benchmarks/scaling_gpu.py
 Environment: SMALL=1 (a dry run: SMALL_SIZE="20000,128,96" Gaussians,width,height), WS (1,2,4,8),

@@ -52,7 +52,7 @@ def test_step_vs_gsplat_runs_the_trainers_default_config():
     want, got = default_config().to_dict(), cfg.to_dict()
     changed = {k for k in want if want[k] != got[k]}
     assert changed <= {"data_dir", "data_factor", "max_steps", "sh_degree_interval", "result_dir", "eval_steps",
-                       "save_steps", "save_ply", "disable_viewer"}
+                       "save_steps", "save_ply"}
     assert (cfg.packed, cfg.ssim_impl) == (default_config().packed, "auto")
 
 
