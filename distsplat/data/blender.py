@@ -21,9 +21,9 @@ from PIL import Image
 from .decode import probe_images
 from .errors import DataError
 from .normalize import normalize as normalize_world
+from .open_images import open_images
 from .scene import Scene
-from .shards import TarShardSource
-from .sources import ONCE, FolderSource, first_present, keep_present
+from .sources import ONCE, FolderSource, first_present
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +104,13 @@ def load_blender(
     else:
         log.warning("%s does not exist: no test split", test_file, extra=ONCE)
 
-    if shards is not None:
-        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
-    else:
-        source = FolderSource([data_dir / n for n in names], names)
-        listed_in = lambda i, n=n_train: str(train_file if i < n else test_file)  # noqa: E731
-        keep = keep_present(source, listed_in, skip_missing) if check else None
-        if keep is not None:  # --skip_missing_images: the frames present, in their order
-            n_train = int((keep < n_train).sum())
-            names, c2w = [names[i] for i in keep.tolist()], c2w[keep]
-            source = FolderSource([data_dir / n for n in names], names)
+    listed_in = lambda i, n=n_train: str(train_file if i < n else test_file)  # noqa: E731
+    opened = open_images(names, shards, lambda kept: FolderSource([data_dir / n for n in kept], kept), listed_in,
+                         check, skip_missing)
+    source, names = opened.source, opened.names
+    if opened.keep is not None:  # --skip_missing_images: the frames present, in their order
+        n_train, c2w = int((opened.keep < n_train).sum()), c2w[opened.keep]
+    # One size for every frame (one camera_angle_x describes them all): the images tell it, no camera does
     sizes = probe_images(source, range(len(names)) if check else [first_present(source, data_dir)])
     if len(set(sizes)) > 1:
         bad = next(i for i, s in enumerate(sizes) if s != sizes[0])

@@ -20,14 +20,14 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from . import colmap_io
-from .decode import check_sizes, downscaled_size, draft_note, probe_images
+from .decode import downscaled_size, draft_note, probe_images
 from .errors import DataError
 from .heap import TRIM_FROM, trim_heap
 from .names import NameList, TrackTable
 from .normalize import normalize as normalize_world
+from .open_images import open_images, shards_downscaled, stored_sizes
 from .scene import Scene, split_every
-from .shards import TarShardSource
-from .sources import FolderSource, JoinedPaths, ONCE, first_present, keep_present
+from .sources import FolderSource, JoinedPaths, ONCE
 from .undistort import SUPPORTED, split_params, undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -104,17 +104,14 @@ def load_colmap(
     del w2c
     cam_list = sorted(cameras)
     cam_pos = np.searchsorted(np.array(cam_list, dtype=np.int64), cam_ids)  # [C] index into cam_list
-    dropped: List[str] = []  # names of images left out (absent, skip_missing)
 
-    # images_N/ when it exists, else images/ downscaled on load.
+    # images_N/ when it exists, else images/ downscaled on load; with shards, their stored sizes decide (below)
     full_dir = data_dir / "images"
     image_dir = data_dir / f"images_{factor}" if factor > 1 else full_dir
+    on_the_fly = shards is None and factor > 1 and not image_dir.is_dir()
     if shards is not None:
-        # check=False: other nodes' images may be absent from a node's staged shards
-        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
-        on_the_fly, image_dir = False, Path(shards)  # on_the_fly: decided by the stored sizes below
+        image_dir = Path(shards)  # what the messages and the load line name
     else:
-        on_the_fly = factor > 1 and not image_dir.is_dir()
         if on_the_fly:
             log.warning("%s does not exist: downscaling %s by %d while loading%s; "
                         "pre-downscaled images_%d/ loads faster", image_dir, full_dir, factor, draft_note(names), factor,
@@ -122,37 +119,22 @@ def load_colmap(
             image_dir = full_dir
         if not image_dir.is_dir():
             raise DataError(_no_image_folder(data_dir, factor))
-        source = _folder_source(str(image_dir), names)
-        keep = keep_present(source, str(images_file), skip_missing) if check else None
-        if keep is not None:  # --skip_missing_images: the model's other images, as if it listed only them
-            dropped = [names[i] for i in np.setdiff1d(np.arange(C), keep).tolist()]
-            names = NameList(names.raw[keep]) if isinstance(names, NameList) else [names[i] for i in keep.tolist()]
-            camtoworlds, cam_ids, image_ids, cam_pos = camtoworlds[keep], cam_ids[keep], image_ids[keep], cam_pos[keep]
-            C = len(names)
-            source = _folder_source(str(image_dir), names)
+    opened = open_images(names, shards, lambda kept: _folder_source(str(image_dir), kept), str(images_file),
+                         check, skip_missing)
+    source, names, dropped = opened.source, opened.names, opened.dropped
+    if opened.keep is not None:  # --skip_missing_images: the model's other images, as if it listed only them
+        keep = opened.keep
+        camtoworlds, cam_ids, image_ids, cam_pos = camtoworlds[keep], cam_ids[keep], image_ids[keep], cam_pos[keep]
+        C = len(names)
 
     # Sizes: every image's header when checking, else the first image found here of each
-    # camera size (gsplat reads one image): with images staged per node (check=False) a node
-    # holds only its own, and a capture with one COLMAP camera per image has a camera per
-    # image; images of cameras of one size are stored at one size (the owner's check_images
-    # verifies its own at setup).
+    # camera size (stored_sizes: a capture with one COLMAP camera per image has a camera per image)
     cam_wh = np.array([(cameras[c].width, cameras[c].height) for c in cam_list], dtype=np.int64)  # [K, 2]
-    if check:
-        stored = np.array(probe_images(source, range(C)), dtype=np.int64).reshape(-1, 2)  # [C, 2]
-        check_sizes(names, stored.tolist(), cam_wh[cam_pos].tolist(), (source.where(i) for i in range(C)))
-    else:
-        sizes_wh, size_of_cam = np.unique(cam_wh, axis=0, return_inverse=True)  # [S, 2], [K]
-        size_of_image = size_of_cam.reshape(-1)[cam_pos]  # [C]
-        first = np.full((len(sizes_wh), 2), -1, dtype=np.int64)  # [S, 2]
-        for g in np.unique(size_of_image).tolist():
-            w, h = sizes_wh[g].tolist()
-            i = first_present(source, f"{image_dir} (the {w}x{h} COLMAP cameras' images)",
-                              np.flatnonzero(size_of_image == g).tolist())
-            first[g] = probe_images(source, [i])[0]
-            check_sizes([names[i]], [tuple(first[g])], [(w, h)], [source.where(i)])
-        stored = first[size_of_image]  # [C, 2]
-    if shards is not None and factor > 1 and (stored == cam_wh[cam_pos]).all():
-        on_the_fly = True  # shards of images/ (the full size) with --data_factor N: downscaled on load
+    sizes_wh, size_of_cam = np.unique(cam_wh, axis=0, return_inverse=True)  # [S, 2], [K]
+    size_of_image = size_of_cam.reshape(-1)[cam_pos]  # [C]
+    stored = stored_sizes(source, probe_images(source, range(C)) if check else None, size_of_image, sizes_wh,
+                          lambda w, h: f"{image_dir} (the {w}x{h} COLMAP cameras' images)")  # [C, 2]
+    on_the_fly = on_the_fly or shards_downscaled(shards, factor, stored, size_of_image, sizes_wh)
     # One K, size and undistortion plan per (COLMAP camera, stored size) group, not per image:
     # a capture of a million images usually has one group, held as broadcast views.
     groups, inverse = np.unique(np.concatenate([cam_pos[:, None], stored], 1), axis=0, return_inverse=True)
@@ -189,7 +171,7 @@ def load_colmap(
         kind="colmap", undistort=undistort, point_tracks=_point_tracks(points, image_ids),
     )
     if C >= TRIM_FROM:
-        del points, image_ids, cam_ids, cam_pos, inverse
+        del points, image_ids, cam_ids, cam_pos, size_of_image, inverse
         trim_heap()  # the parse's temporaries: 130 MB per rank at a million images without it
     return scene
 

@@ -43,12 +43,12 @@ import numpy as np
 
 from .colmap import _match_name
 from .colmap_io import Camera
-from .decode import check_sizes, downscaled_size, draft_note, probe_images
+from .decode import downscaled_size, draft_note, probe_images
 from .errors import DataError
 from .normalize import normalize as normalize_world
+from .open_images import open_images, shards_downscaled, stored_sizes
 from .scene import Scene, split_every
-from .shards import TarShardSource
-from .sources import FolderSource, ONCE, first_present, keep_present
+from .sources import FolderSource, ONCE, first_present
 from .undistort import undistort_cameras
 
 log = logging.getLogger(__name__)
@@ -222,38 +222,35 @@ def load_nerfstudio(
     c2w = np.stack([to_input @ _matrix(path, "transform_matrix", f["transform_matrix"], [(4, 4), (3, 4)], f"frame {j}")
                     @ GL_TO_CV for _, j, f in frames])  # [C, 4, 4] OpenCV axes
 
+    # images_N/<file name> when it exists, else the frames' files, downscaled on load; with
+    # shards, their stored sizes decide (below)
     scaled_dir = data_dir / f"images_{factor}"
     full_paths = [data_dir / n for n in names]  # the files the frames name
-    dropped: List[str] = []  # frames left out for an absent image
+    on_the_fly = shards is None and factor > 1 and not scaled_dir.is_dir()
+    scaled = shards is None and factor > 1 and not on_the_fly
+
+    def folder(names: Sequence[str]) -> FolderSource:  # nerfstudio: images_N/<file name>
+        return FolderSource([scaled_dir / _match_name(scaled_dir, Path(n).name) for n in names] if scaled
+                            else [data_dir / n for n in names], names)
+
+    opened = open_images(names, shards, folder, str(path), check, skip_missing or ingp,
+                         "instant-ngp skips them too" if ingp else "--skip_missing_images")
+    source, names, dropped = opened.source, opened.names, opened.dropped
+    if opened.keep is not None:
+        keep = opened.keep.tolist()
+        frames, c2w, full_paths = [frames[i] for i in keep], c2w[opened.keep], [full_paths[i] for i in keep]
     if shards is not None:
-        # check=False: other nodes' images may be absent from a node's staged shards
-        source = TarShardSource(shards, names=names, check_shards=check, missing_ok=not check)
-        on_the_fly, image_dirs = False, [str(shards)]  # on_the_fly: decided by the stored sizes below
+        image_dirs = [str(shards)]
     else:
-        on_the_fly = factor > 1 and not scaled_dir.is_dir()
-        scaled = factor > 1 and not on_the_fly
-
-        def folder(names: Sequence[str]) -> FolderSource:  # nerfstudio: images_N/<file name>
-            return FolderSource([scaled_dir / _match_name(scaled_dir, Path(n).name) for n in names] if scaled
-                                else [data_dir / n for n in names], names)
-
-        source = folder(names)
-        keep = keep_present(source, str(path), skip_missing or ingp,
-                            "instant-ngp skips them too" if ingp else "--skip_missing_images") if check else None
-        if keep is not None:
-            dropped = [names[i] for i in np.setdiff1d(np.arange(len(names)), keep).tolist()]
-            frames, names, c2w = [frames[i] for i in keep.tolist()], [names[i] for i in keep.tolist()], c2w[keep]
-            full_paths = [full_paths[i] for i in keep.tolist()]
-            source = folder(names)
         if on_the_fly:
             log.warning("%s does not exist: downscaling the frames' images by %d while loading%s; "
                         "pre-downscaled images_%d/ (as ns-process-data writes) loads faster", scaled_dir, factor,
                         draft_note(names), factor, extra=ONCE)
         image_dirs = sorted({os.path.dirname(source.where(i)) for i in range(len(names))})
 
-    stored = probe_images(source, range(len(names))) if check else None  # [C] (w, h) of the images read
-    if stored is not None and shards is None and not (factor > 1 and not on_the_fly):  # they are the full-size files
-        full_size = lambda i: tuple(stored[i])  # noqa: E731
+    probed = probe_images(source, range(len(names))) if check else None  # [C] (w, h) of the images read
+    if probed is not None and not scaled and shards is None:  # they are the full-size files
+        full_size = lambda i: tuple(probed[i])  # noqa: E731
     else:
         full_size = _full_size(path, names, full_paths, check)
     # One camera per distinct (model, params, size): images of one camera share its undistortion maps.
@@ -266,17 +263,12 @@ def load_nerfstudio(
             ids[key] = len(ids) + 1
         cams.append(Camera(ids[key], model, w, h, params))
 
-    if stored is None:  # one image per camera size (a node-local stage holds only its ranks' images; see load_colmap)
-        of_size: Dict[Tuple[int, int], List[int]] = {}
-        for i, c in enumerate(cams):
-            of_size.setdefault((c.width, c.height), []).append(i)
-        first = {wh: probe_images(source, [first_present(source, f"{path} frames of size {wh[0]}x{wh[1]}", idx)])[0]
-                 for wh, idx in of_size.items()}
-        stored = [first[(c.width, c.height)] for c in cams]
-    check_sizes(names, stored, [(c.width, c.height) for c in cams], [source.where(i) for i in range(len(names))])
-    if shards is not None and factor > 1 and all(tuple(s) == (c.width, c.height) for s, c in zip(stored, cams)):
-        on_the_fly = True  # shards of the full-size images with --data_factor N: downscaled on load
-    loaded = [downscaled_size(w, h, factor) for w, h in stored] if on_the_fly else stored
+    of_size: Dict[Tuple[int, int], int] = {}  # camera size -> its row in sizes_wh, in frame order
+    size_of_image = np.array([of_size.setdefault((c.width, c.height), len(of_size)) for c in cams], dtype=np.int64)
+    sizes_wh = np.array(list(of_size), dtype=np.int64).reshape(-1, 2)  # [S, 2]
+    stored = stored_sizes(source, probed, size_of_image, sizes_wh, lambda w, h: f"{path} frames of size {w}x{h}")
+    on_the_fly = on_the_fly or shards_downscaled(shards, factor, stored, size_of_image, sizes_wh)
+    loaded = [downscaled_size(w, h, factor) for w, h in stored.tolist()] if on_the_fly else stored
 
     sizes = np.array(loaded, dtype=np.int64)  # [C, 2] (w, h)
     Ks = np.stack([np.array([[c.params[0], 0, c.params[2]], [0, c.params[1], c.params[3]], [0, 0, 1.0]]) for c in cams])
@@ -303,7 +295,7 @@ def load_nerfstudio(
     return Scene(
         names=names, camtoworlds=c2w, Ks=Ks, widths=sizes[:, 0], heights=sizes[:, 1], points=points,
         points_rgb=rgb, train=train, test=test, images=source,
-        source_sizes=np.array(stored, dtype=np.int64) if on_the_fly or undistort else None,
+        source_sizes=stored if on_the_fly or undistort else None,
         transform=transform, kind="nerfstudio", undistort=undistort,
     )
 
