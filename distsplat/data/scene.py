@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .decode import ImageSpec
 from .names import NameList
-from .poses import CameraPoses, Viewmats, compact_poses
+from .poses import CameraPoses, compact_poses
 from .sources import ImageSource
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +71,27 @@ class Scene:
     def num_cameras(self) -> int:
         return len(self.names)
 
-    @property
-    def viewmats(self) -> np.ndarray:
-        """[C_all, 4, 4] float64 world-to-camera (OpenCV axes), what the renderer takes."""
-        return np.linalg.inv(self.camtoworlds)
+    def viewmats(self, idx, device=None) -> Tensor:
+        """[len(idx), 4, 4] float32 world-to-camera (OpenCV axes) of cameras `idx` (what numpy
+        indexes with: an int64 array, a slice), what the renderer takes, on `device`. Computed
+        per call from camtoworlds, so no rank holds a second copy of every pose (issue 20):
+        numpy inverts each 4x4 on its own, so this equals float32(inv(camtoworlds))[idx] bit
+        for bit, whichever cameras are asked for together."""
+        import torch
 
-    def camera_tensors(self, dtype=None, device=None) -> Dict[str, object]:
-        """Torch-ready cameras: viewmats [C_all, 4, 4] (a poses.Viewmats: each batch's computed
-        from camtoworlds when indexed, not a second copy of every pose), Ks [C_all, 3, 3],
-        widths/heights [C_all]."""
+        from ..transfer import to_device
+
+        inv = np.linalg.inv(np.asarray(self.camtoworlds[idx], dtype=np.float64))  # [C, 4, 4] float64
+        out = torch.from_numpy(inv.astype(np.float32))  # rounds to nearest, as torch's cast
+        return out if device is None else to_device(out, device)  # pinned and queued: no host stall per step
+
+    def camera_tensors(self, dtype=None, device=None) -> Dict[str, Tensor]:
+        """Torch-ready intrinsics Ks [C_all, 3, 3] and widths/heights [C_all]; the poses are
+        not among them: viewmats() computes a batch's."""
         import torch
 
         dtype = dtype or torch.float32
         return {
-            "viewmats": Viewmats(self.camtoworlds, dtype, device),
             "Ks": _tensor(self.Ks, dtype, device),
             "widths": _tensor(self.widths, torch.int64, device),
             "heights": _tensor(self.heights, torch.int64, device),

@@ -80,19 +80,23 @@ def visible_fraction(g: Dict[str, torch.Tensor], viewmats: torch.Tensor, Ks: tor
 
 
 def for_global_batch(rule: str, batch: int, saved: Optional[Dict[str, Any]],
-                     gaussians: Callable[[], Dict[str, torch.Tensor]], viewmats: torch.Tensor, Ks: torch.Tensor,
+                     gaussians: Callable[[], Dict[str, torch.Tensor]],
+                     viewmats: Callable[[np.ndarray], torch.Tensor], Ks: torch.Tensor,
                      widths: np.ndarray, heights: np.ndarray, train: np.ndarray, *, backend: str,
                      near_plane: float, far_plane: float) -> Dict[str, Any]:
     """The learning-rate scaling of global batch `batch` ({rule, global_batch, visible_fraction,
     factor}): with the visibility rule, p as a resumed run measured it (`saved`, for the same
     rule and batch), else measured now on a sample of the training cameras `train` (scene
-    indices; viewmats, Ks, widths, heights: [C_all]) and the activated `gaussians()`."""
+    indices; Ks, widths, heights: [C_all]) and the activated `gaussians()`. viewmats(positions):
+    the [C, 4, 4] world-to-camera matrices of the training cameras at `positions` [C] as they
+    render (Trainer.train_viewmats: --pose_noise's, where given)."""
     saved, p = saved or {}, None
     if rule == "visibility" and batch > 1:
         p = saved.get("visible_fraction") if (saved.get("rule"), saved.get("global_batch")) == (rule, batch) else None
         if p is None:
-            cams = sample(train)  # [<= SAMPLE] scene indices
-            p = visible_fraction(gaussians(), viewmats[cams], Ks[torch.from_numpy(cams)], widths[cams], heights[cams],
+            pos = sample(np.arange(len(train)))  # [<= SAMPLE] positions among the training cameras
+            cams = train[pos]  # their scene indices
+            p = visible_fraction(gaussians(), viewmats(pos), Ks[torch.from_numpy(cams)], widths[cams], heights[cams],
                                  backend=backend, near_plane=near_plane, far_plane=far_plane)
     return {"rule": rule, "global_batch": batch, "visible_fraction": p, "factor": lr_factor(rule, batch, p)}
 

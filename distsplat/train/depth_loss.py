@@ -55,13 +55,13 @@ class DepthTargets:
                         "and inside its image is taken as seen by it (occlusion ignored)")
         self.width, self.height, self.scene_scale = width, height, scene_scale
         points = scene.points.astype(np.float64)
-        viewmats = scene.viewmats
         self.targets: Dict[int, Dict[str, Tensor]] = {}
         for c in cameras:
             seen = points if scene.point_tracks is None else points[scene.point_tracks[c]]
             w = int(scene.widths[c]) if width is None else width
             h = int(scene.heights[c]) if height is None else height
-            p = project_points(seen, viewmats[c], scene.Ks[c], w, h)
+            viewmat = np.linalg.inv(scene.camtoworlds[c])  # [4, 4] float64: the targets keep full precision
+            p = project_points(seen, viewmat, scene.Ks[c], w, h)
             # gsplat's normalization for grid_sample(align_corners=True): pixel 0 -> -1, W-1 -> 1.
             grid = np.stack([p["uv"][:, 0] / (w - 1) * 2 - 1, p["uv"][:, 1] / (h - 1) * 2 - 1], -1)
             self.targets[int(c)] = {"grid": torch.from_numpy(grid).to(device),  # [P_c, 2]

@@ -156,7 +156,7 @@ class Evaluator:
 
         names = [t.scene.names[i] for i in t.test_idx.tolist()]
         stats, per_image = evaluate(
-            lambda: activated(t.params, sh), t.viewmats[t.test_idx], t.Ks[test],
+            lambda: activated(t.params, sh), t.scene.viewmats(t.test_idx.numpy(), device).to(t.Ks.dtype), t.Ks[test],
             t.widths[t.test_idx.numpy()], t.heights[t.test_idx.numpy()], read, names, ctx,
             sh, t._render_kwargs(sh=sh), t.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
         )

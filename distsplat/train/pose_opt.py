@@ -18,8 +18,9 @@ in closed form (T is rigid): no matrix inverse in the step.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -106,11 +107,13 @@ def perturb_poses(viewmats: Tensor, std: float, seed: int) -> Tensor:
     return (correction_inverse(noise) @ viewmats.detach().cpu().double()).to(viewmats)
 
 
-def setup_pose_opt(cfg, viewmats: Tensor, train_idx: Tensor, global_batch: int):
-    """The trainer's one call: training poses perturbed by --pose_noise (in place in
-    viewmats [C_all, 4, 4]) and the corrections when --pose_opt, else None."""
-    if cfg.pose_noise > 0:
-        viewmats[train_idx] = perturb_poses(viewmats[train_idx], cfg.pose_noise, cfg.seed)
+def setup_pose_opt(cfg, scene, train: np.ndarray, global_batch: int, device: torch.device
+                   ) -> Tuple[Optional[Tensor], Optional[PoseCorrections]]:
+    """The trainer's one call, for the training cameras `train` [C_train] (scene indices):
+    their world-to-camera matrices perturbed by --pose_noise [C_train, 4, 4] float32 on the
+    host (what they render with instead of scene.viewmats; None without the flag), and the
+    corrections when --pose_opt (else None)."""
+    noisy = perturb_poses(scene.viewmats(train), cfg.pose_noise, cfg.seed) if cfg.pose_noise > 0 else None
     if not cfg.pose_opt:
-        return None
-    return PoseCorrections(len(train_idx), cfg.pose_opt_lr, cfg.pose_opt_reg, global_batch, viewmats.device)
+        return noisy, None
+    return noisy, PoseCorrections(len(train), cfg.pose_opt_lr, cfg.pose_opt_reg, global_batch, device)

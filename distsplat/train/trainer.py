@@ -21,18 +21,13 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..data import ImageCache, ImageLoader
-from ..distributed import (
-    CameraBatch,
-    CameraBatcher,
-    DistContext,
-    describe_failure,
-    distributed_rasterize,
-    gather_counts,
-)
+from ..distributed import (CameraBatch, CameraBatcher, DistContext, describe_failure, distributed_rasterize,
+                           gather_counts)
 from . import batch_scaling
 from .config import Config
 from .depth_loss import DepthTargets
@@ -131,8 +126,7 @@ class Trainer:
         # "fused" (fused-ssim's kernels) or "torch"; rank 0 says which on a GPU
         self.ssim_impl = resolve_ssim_impl(cfg.ssim_impl, self.device, log.info if ctx.is_main else None)
         self.scene = scene = load_scene(cfg)
-        cams = scene.camera_tensors(device=self.device)
-        self.viewmats, self.Ks = cams["viewmats"], cams["Ks"]  # [C_all, 4, 4], [C_all, 3, 3]
+        self.Ks = scene.camera_tensors(device=self.device)["Ks"]  # [C_all, 3, 3]; poses: train_viewmats
         # Every camera renders at its own size (size_groups.py); width/height: the first camera's
         self.widths, self.heights = scene.widths.copy(), scene.heights.copy()  # [C_all] int64
         self.width, self.height = int(scene.widths[0]), int(scene.heights[0])
@@ -141,7 +135,8 @@ class Trainer:
         self.train_np = self.train_idx.numpy()  # the same, for the host's per-step lookups
         self.test_idx = torch.as_tensor(scene.test, dtype=torch.int64)  # [C_test]
         W, r = ctx.world_size, ctx.rank
-        self.pose = setup_pose_opt(cfg, self.viewmats, self.train_idx, cfg.batch_size * W)  # None without --pose_opt
+        # --pose_noise's perturbed training poses [C_train, 4, 4] and --pose_opt's corrections (None without)
+        self.noisy, self.pose = setup_pose_opt(cfg, scene, self.train_np, cfg.batch_size * W, self.device)
         check_batch_size(len(self.train_idx), W, cfg.batch_size)
         self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
         # issue 33: the cameras' costs and the ranks' pairs, agreed once per epoch (balance.py); one
@@ -219,8 +214,8 @@ class Trainer:
         measured."""
         cfg, B = self.cfg, len(self._batch(self.start_step).cameras)  # the global batch a step draws
         self.lr_batch = batch_scaling.for_global_batch(
-            cfg.lr_batch_scaling, B, self._saved_lr_batch, lambda: activated(self.params, 0), self.viewmats, self.Ks,
-            self.widths, self.heights, self.train_np, backend=cfg.backend, near_plane=cfg.near_plane,
+            cfg.lr_batch_scaling, B, self._saved_lr_batch, lambda: activated(self.params, 0), self.train_viewmats,
+            self.Ks, self.widths, self.heights, self.train_np, backend=cfg.backend, near_plane=cfg.near_plane,
             far_plane=cfg.far_plane)
         factor = self.lr_batch["factor"]
         batch_scaling.scale_learning_rates(self.optimizers, B, factor)
@@ -228,6 +223,12 @@ class Trainer:
         self.noise_scale = math.sqrt(B) / factor  # MCMC's noise: lr x sqrt(B) whatever the rule
         if self.ctx.is_main and B > 1:
             log.info("%s", batch_scaling.describe(self.lr_batch))
+
+    def train_viewmats(self, positions: np.ndarray) -> Tensor:
+        """[C, 4, 4] world-to-camera of the training cameras at `positions` [C] (among them) as they
+        render: the scene's, inverted per batch, or --pose_noise's; in the cameras' dtype (Ks')."""
+        vm = self.scene.viewmats(self.train_np[positions]) if self.noisy is None else self.noisy[positions]
+        return to_device(vm, self.device).to(self.Ks.dtype)
 
     def _means_lr(self, step: int) -> float:
         """gsplat's schedule: the means' lr decays exponentially to 1% over the run."""
@@ -299,15 +300,14 @@ class Trainer:
         images = next(self.loader)
         C = len(batch.cameras)
         scene_np = self.train_np[batch.host_cameras()]  # [C] scene indices (host bookkeeping in numpy)
-        scene_cams = torch.from_numpy(scene_np)
-        cams = to_device(scene_cams, self.device)
+        cams = to_device(torch.from_numpy(scene_np), self.device)
         sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
         backgrounds = None
         if cfg.random_bkgd:  # the same draw on every rank: seeded by the step
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
-        viewmats, Ks = self.viewmats[scene_np], self.Ks[cams]  # [C, 4, 4] (host index: data/poses.py), [C, 3, 3]
+        viewmats, Ks = self.train_viewmats(batch.host_cameras()), self.Ks[cams]  # [C, 4, 4], [C, 3, 3]
         if self.pose is not None:  # the learned corrections, identical on every rank
             viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
         # One render per image size of the batch (one for a single-size scene), in the same

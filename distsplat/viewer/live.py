@@ -119,7 +119,7 @@ class LiveViewer:
     # ------------------------------------------------------------- training
     def on_step(self, trainer: Any, step: int) -> None:
         """Trainer hook, on every rank after each step. Reads only the trainer's public
-        attributes (cfg, params, metrics, n_all, viewmats)."""
+        attributes (cfg, params, metrics, n_all, scene, train_np)."""
         max_steps = trainer.cfg.max_steps
         if step < self.next_poll and step != max_steps:  # every rank knows both numbers
             return  # the common case: no sync, no collective
@@ -127,11 +127,10 @@ class LiveViewer:
         main = self.server is not None
         if main:
             self.pacer.observe_steps(t0, step)
-            if not self._view_set and getattr(trainer, "viewmats", None) is not None:
+            if not self._view_set and getattr(trainer, "scene", None) is not None:
                 # The first training camera's view (a test camera may come first in the scene)
                 train = getattr(trainer, "train_np", None)
-                c2w = torch.linalg.inv(trainer.viewmats[train if train is not None else slice(None)]
-                                       .detach().double().cpu()).numpy()  # a Viewmats indexes by host arrays
+                c2w = trainer.scene.camtoworlds[train if train is not None else slice(None)]  # [C, 4, 4] float64
                 self.server.set_initial_view(*initial_view(c2w))
                 self._view_set = True
         model = trainer_model(trainer, step)

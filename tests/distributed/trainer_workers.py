@@ -78,8 +78,8 @@ def fixed_view_render(trainer: Trainer) -> Optional[torch.Tensor]:
     with torch.no_grad():
         colors, _, _ = distributed_rasterize(
             g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-            trainer.viewmats[test], trainer.Ks[test], trainer.width, trainer.height,
-            torch.zeros(len(test), dtype=torch.int64),
+            trainer.scene.viewmats(test.numpy(), trainer.device).to(trainer.Ks.dtype), trainer.Ks[test],
+            trainer.width, trainer.height, torch.zeros(len(test), dtype=torch.int64),
             **colour_kwargs(getattr(trainer, "app", None), trainer.cfg.sh_degree),  # SH, or --app_opt's MLP
         )
     return colors if trainer.ctx.rank == 0 else None
@@ -116,7 +116,7 @@ def to_float64(trainer: Trainer, global_batch: int, anisotropic: float = 0.0) ->
     trainer.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v) for k, v in params.items()})
     trainer.optimizers = create_optimizers(trainer.params, global_batch, trainer.scene_scale)
     trainer.means_lr0 = trainer.optimizers["means"].param_groups[0]["lr"]  # the schedule's start
-    trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
+    trainer.Ks = trainer.Ks.double()  # the cameras' dtype: the poses follow it (Trainer.train_viewmats)
     if getattr(trainer, "pose", None) is not None:  # pose corrections (issue 18)
         trainer.pose.global_batch = global_batch  # the replayed batch, as the optimizers above
         trainer.pose.to(torch.float64)
@@ -232,7 +232,7 @@ def resume(ctx, cfg: Config) -> Dict[str, Any]:
     try:
         trainer.setup()
         if trainer.params["means"].dtype == torch.float64:  # a float64 run's checkpoint
-            trainer.viewmats, trainer.Ks = trainer.viewmats.double(), trainer.Ks.double()
+            trainer.Ks = trainer.Ks.double()  # the poses follow it
         return {"params": _params(trainer), "render": fixed_view_render(trainer),
                 "start_step": trainer.start_step, "rng": torch.get_rng_state(),
                 "uid": trainer.strategy_state["uid"].clone(),

@@ -73,7 +73,7 @@ def _fake_trainer(step_s: float):
     params = {"means": torch.randn(20, 3, generator=g), "scales": torch.full((20, 3), -3.0),
               "quats": torch.randn(20, 4, generator=g), "opacities": torch.zeros(20),
               "sh0": torch.rand(20, 1, 3, generator=g), "shN": torch.zeros(20, 0, 3)}
-    return SimpleNamespace(cfg=cfg, params=params, metrics={"loss": 0.5}, n_all=40, viewmats=None)
+    return SimpleNamespace(cfg=cfg, params=params, metrics={"loss": 0.5}, n_all=40, scene=None)
 
 
 def poll_schedule(ctx: DistContext, steps: int, step_s: float, pause_at: int) -> Dict[str, Any]:

@@ -38,8 +38,9 @@ def test_thermos_matches_pycolmap(thermos):
     rec, names, w2c, K, sizes = pycolmap_cameras(thermos / "sparse" / "0")
     assert scene.num_cameras == 101 == len(names)
     assert scene.names == names
-    np.testing.assert_allclose(scene.viewmats[:, :3, :], w2c, atol=1e-12)
-    np.testing.assert_allclose(scene.viewmats[:, 3, :], np.tile([0, 0, 0, 1.0], (101, 1)), atol=1e-12)
+    viewmats = np.linalg.inv(scene.camtoworlds)  # [C, 4, 4] float64 world-to-camera
+    np.testing.assert_allclose(viewmats[:, :3, :], w2c, atol=1e-12)
+    np.testing.assert_allclose(viewmats[:, 3, :], np.tile([0, 0, 0, 1.0], (101, 1)), atol=1e-12)
     np.testing.assert_allclose(scene.Ks, K, rtol=1e-12)
     assert [tuple(s) for s in zip(scene.widths, scene.heights)] == sizes
     pts = rec.points3D
@@ -143,7 +144,8 @@ def test_normalize_properties(thermos):
     # same pixels project to the same place: K @ viewmat @ point is invariant up to scale
     p = np.append(raw.points[0], 1.0)
     q = np.append(norm.points[0], 1.0)
-    a, b = raw.Ks[3] @ (raw.viewmats[3] @ p)[:3], norm.Ks[3] @ (norm.viewmats[3] @ q)[:3]
+    a = raw.Ks[3] @ (np.linalg.inv(raw.camtoworlds[3]) @ p)[:3]
+    b = norm.Ks[3] @ (np.linalg.inv(norm.camtoworlds[3]) @ q)[:3]
     np.testing.assert_allclose(a[:2] / a[2], b[:2] / b[2], atol=1e-3)
 
 
@@ -184,5 +186,5 @@ def test_own_parser_matches_pycolmap_on_generated_model(tmp_path):
     scene = load_colmap(root)
     _, names, w2c, K, _ = pycolmap_cameras(root / "sparse" / "0")
     assert scene.names == names
-    np.testing.assert_allclose(scene.viewmats[:, :3], w2c, atol=1e-12)
+    np.testing.assert_allclose(np.linalg.inv(scene.camtoworlds)[:, :3], w2c, atol=1e-12)
     np.testing.assert_allclose(scene.Ks, K)

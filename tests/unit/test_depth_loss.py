@@ -44,7 +44,7 @@ def _scene_one_camera(points, width=8, height=6):
     s = S()
     s.points = np.asarray(points, dtype=np.float32)
     s.point_tracks = None
-    s.viewmats = np.eye(4)[None]
+    s.camtoworlds = np.eye(4)[None]
     s.Ks = np.array([[[4.0, 0, 3.5], [0, 4.0, 2.5], [0, 0, 1]]])
     return s
 

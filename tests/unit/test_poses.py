@@ -1,14 +1,18 @@
 """data/poses.py: the scene's poses stored once, compactly, and the renderer's viewmats
-computed per batch, against the arrays they replace (issue 20). Every comparison is exact:
-reading the poses back and inverting a subset are meant to be bit for bit."""
+computed per batch (Scene.viewmats), against the arrays they replace (issue 20). Every
+comparison is exact: reading the poses back and inverting a subset are meant to be bit for bit."""
+
+import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from scipy.spatial.transform import Rotation
 
-from distsplat.data.poses import CameraPoses, Viewmats, compact_poses
+from distsplat.data.poses import CameraPoses, compact_poses
 from distsplat.data.synthetic import make_synthetic_scene
+from distsplat.train.pose_opt import perturb_poses, setup_pose_opt
 
 
 def rigid_poses(n: int, seed: int = 0) -> np.ndarray:
@@ -52,37 +56,36 @@ def test_compact_poses_keeps_what_it_cannot_read_back_exactly():
     assert isinstance(compact_poses(full), CameraPoses)
 
 
-def test_viewmats_equal_the_full_float32_tensor():
+def test_scene_viewmats_equal_the_full_float32_tensor():
     full = rigid_poses(40, seed=3)
     old = torch.as_tensor(np.linalg.inv(full), dtype=torch.float32)  # what the trainer held: [C, 4, 4]
-    for c2w in (full, compact_poses(full)):
-        v = Viewmats(c2w)
-        assert v.shape == (40, 4, 4) and len(v) == 40 and v.held_nbytes() == 0
-        idx = torch.tensor([5, 0, 39, 5, 12])
-        assert torch.equal(v[idx], old[idx]) and v[idx].dtype == torch.float32
-        assert torch.equal(v[7], old[7]) and torch.equal(v[:], old) and torch.equal(v[[3, 4]], old[[3, 4]])
-        d = v.double()  # tests render in float64 from the float32 poses, as .double() of the tensor did
-        assert d.dtype == torch.float64 and torch.equal(d[idx], old.double()[idx])
-        assert v.to(torch.float64).dtype == torch.float64 and v.detach().cpu().float().dtype == torch.float32
+    signed = full.copy()
+    signed[2, 3, 0] = -0.0  # kept as a plain [C, 4, 4] array (compact_poses), inverted the same
+    base = make_synthetic_scene(num_cameras=40, num_gaussians=50)
+    for c2w, kind in ((full, CameraPoses), (signed, np.ndarray)):
+        scene = dataclasses.replace(base, camtoworlds=c2w)
+        assert isinstance(scene.camtoworlds, kind)
+        idx = np.array([5, 0, 39, 5, 12])
+        v = scene.viewmats(idx)
+        assert torch.equal(v, old[idx]) and v.dtype == torch.float32 and v.shape == (5, 4, 4)
+        assert torch.equal(scene.viewmats([7]), old[[7]]) and torch.equal(scene.viewmats(slice(None)), old)
+        assert torch.equal(scene.viewmats(idx, torch.device("cpu")), old[idx])
 
 
-def test_viewmats_index_assignment_makes_them_dense():
-    """--pose_noise writes perturbed poses into the viewmats (pose_opt.setup_pose_opt)."""
-    full = rigid_poses(10, seed=5)
-    old = torch.as_tensor(np.linalg.inv(full), dtype=torch.float32)
-    v = Viewmats(compact_poses(full))
-    idx = torch.tensor([1, 4, 6])
-    new = old[idx] * 2
-    v[idx] = new
-    old[idx] = new
-    assert torch.equal(v[:], old) and v.held_nbytes() == old.nbytes
-    assert torch.equal(v.double()[idx], old.double()[idx])
+def test_pose_noise_perturbs_the_training_poses_as_before():
+    """--pose_noise's poses are the float32 values the trainer rendered with when it wrote
+    perturb_poses(viewmats[train]) into its dense [C_all, 4, 4] viewmats."""
+    scene = make_synthetic_scene(num_cameras=12, num_gaussians=50)
+    train = np.asarray(scene.train)
+    dense = torch.as_tensor(np.linalg.inv(np.asarray(scene.camtoworlds)), dtype=torch.float32)  # [C_all, 4, 4]
+    dense[train] = perturb_poses(dense[train], 0.01, seed=3)
+    cfg = SimpleNamespace(pose_noise=0.01, seed=3, pose_opt=False)
+    noisy, pose = setup_pose_opt(cfg, scene, train, 1, torch.device("cpu"))
+    assert pose is None and noisy.dtype == torch.float32 and torch.equal(noisy, dense[train])
+    assert setup_pose_opt(SimpleNamespace(pose_noise=0.0, pose_opt=False), scene, train, 1, "cpu") == (None, None)
 
 
 def test_scene_holds_one_compact_copy():
     scene = make_synthetic_scene(num_cameras=6, num_gaussians=50)
     assert isinstance(scene.camtoworlds, CameraPoses)
-    cams = scene.camera_tensors()
-    ref = torch.as_tensor(np.linalg.inv(np.asarray(scene.camtoworlds)), dtype=torch.float32)
-    assert isinstance(cams["viewmats"], Viewmats) and torch.equal(cams["viewmats"][:], ref)
-    np.testing.assert_array_equal(scene.viewmats, np.linalg.inv(np.asarray(scene.camtoworlds)))
+    assert set(scene.camera_tensors()) == {"Ks", "widths", "heights"}  # no [C_all, 4, 4] of poses

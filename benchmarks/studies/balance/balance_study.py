@@ -325,7 +325,7 @@ def replicas_check(work: Path) -> Dict[str, Any]:
         for c in scene.train:
             with torch.no_grad():
                 pairs, _ = project(g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                                   cams["viewmats"][c:c + 1], cams["Ks"][c:c + 1], int(scene.widths[c]),
+                                   scene.viewmats([c]), cams["Ks"][c:c + 1], int(scene.widths[c]),
                                    int(scene.heights[c]), backend="torch", sh_degree=0)
             ids = pairs.gaussian_ids.numpy()
             per.append([int(((ids >= a) & (ids < b)).sum()) for a, b in chunk_bounds(n, 8)])

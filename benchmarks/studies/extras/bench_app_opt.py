@@ -94,7 +94,7 @@ def worker(app_opt: bool, steps: int, bright: float, wb: float, app_lr: float, o
             cams = tr.train_idx[pos]
             for k, cameras in enumerate((torch.tensor(pos), None)):  # own embedding, zero embedding
                 colors, _, _ = distributed_rasterize(
-                    g["means"], g["quats"], g["scales"], g["opacities"], g["colors"], tr.viewmats[cams],
+                    g["means"], g["quats"], g["scales"], g["opacities"], g["colors"], tr.train_viewmats(pos),
                     tr.Ks[cams], tr.width, tr.height, owner, **tr._render_kwargs(sh=cfg.sh_degree, cameras=cameras))
                 if r in owner.tolist():
                     p = pos[owner.tolist().index(r)]

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -68,7 +69,7 @@ def depth_error(trainer: Trainer) -> dict:
         for c in test:
             colors, _, _ = distributed_rasterize(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
-                trainer.viewmats[[c]], trainer.Ks[[c]], trainer.width, trainer.height,
+                trainer.scene.viewmats([c], trainer.device), trainer.Ks[[c]], trainer.width, trainer.height,
                 torch.zeros(1, dtype=torch.int64), sh_degree=trainer.cfg.sh_degree, render_mode="RGB+ED")
             for k, v in targets.disparity_error(colors[..., 3:], [c]).items():
                 sums[k] += v
@@ -82,8 +83,8 @@ def pose_error(trainer: Trainer) -> dict:
     training poses and the perturbed ones, before and after the learned corrections."""
     from distsplat.train.pose_opt import correction_inverse
 
-    true = torch.as_tensor(trainer.scene.viewmats, dtype=torch.float64)[trainer.train_idx]
-    seen = trainer.viewmats[trainer.train_idx].double()
+    true = torch.from_numpy(np.linalg.inv(trainer.scene.camtoworlds[trainer.train_np]))  # [C_train, 4, 4] float64
+    seen = trainer.train_viewmats(np.arange(len(trainer.train_np))).double()  # as rendered: --pose_noise's
     out = {}
     for name, vm in (("before", seen), ("after", None)):
         if vm is None:

@@ -7,7 +7,7 @@ COLMAP camera) and a shard index of N images whose shards are sparse files (no d
 their bytes read as zeros). Then, for each rank r of W, in a process of its own (one at a
 time: the figures are per rank, not a contention test), the trainer's setup stages with
 the resident memory (RSS) each adds: load_colmap(check=False), TarShardSource,
-Scene.camera_tensors (the trainer's viewmats and Ks) and scene_scale, ownership
+Scene.camera_tensors (the trainer's Ks) and scene_scale, ownership
 (node_data.owned_by_rank), the trainer's CameraBatcher, ImageCache(compressed) and its
 fill with the rank's blobs (source reads, not decoded: they are zeros). besides_cache_mb =
 RSS at the end - RSS before parsing - the blobs' bytes, as in bench_million.py.
@@ -126,10 +126,9 @@ def rank_worker(args) -> dict:
                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                besides_cache_mb=bm.rss_mb() - base - cache.nbytes() / 2**20,
                python_objects=len(gc.get_objects()),
-               # what the camera tensors hold of their own: viewmats (data/poses.Viewmats) none,
-               # each batch's computed from the scene's poses; Ks/sizes shared by every camera ~0
-               camera_tensor_mb={k: (v.untyped_storage().nbytes() if isinstance(v, torch.Tensor) else v.held_nbytes())
-                                 / 2**20 for k, v in cams.items()},
+               # what the camera tensors hold of their own: Ks/sizes shared by every camera ~0 (the
+               # viewmats are no tensor of the rank's: Scene.viewmats inverts each batch's poses)
+               camera_tensor_mb={k: v.untyped_storage().nbytes() / 2**20 for k, v in cams.items()},
                scene_poses_mb=scene.camtoworlds.nbytes / 2**20, scene_poses=type(scene.camtoworlds).__name__)
     # What of besides_cache_mb is free heap the allocator keeps (a diagnostic: the trainer does
     # not trim after setup; load_colmap does after its parse)
