@@ -16,7 +16,7 @@ giving a PSNR-vs-images-seen curve per batch and rule.
 Environment (defaults): SCENES ("builtin thermos"), STRATEGIES ("default mcmc"), BATCHES
 ("1 4 16"), RULES ("visibility sqrt": each batch > 1 runs with each --lr_batch_scaling), IMAGES (960:
 images seen by every run), EVAL_EVERY (96), PARALLEL (2 runs at once), FACTOR (16: thermos'
---data_factor), SCENE_DIR (../shared/data), NAME (batch_quality_cpu), EXTRA (flags added to
+--data_factor), SCENE_DIR ($DISTSPLAT_DATA, default ../shared/data), NAME (batch_quality_cpu), EXTRA (flags added to
 every run), REUSE (comma-separated earlier result files whose runs of the same scene, strategy,
 batch, rule and IMAGES are taken instead of run again), REUSE_ONLY (1: run nothing, only gather
 REUSE's runs into one file and plot). Writes benchmarks/results/$NAME.json
@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from benchmarks.common import RESULTS, write_result  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -58,7 +59,7 @@ def command(scene: str, strategy: str, batch: int, rule: str, images: int, eval_
     if scene == "builtin":
         data = []
     else:
-        root = Path(os.environ.get("SCENE_DIR", REPO.parent / "shared" / "data"))
+        root = Path(os.environ.get("SCENE_DIR", data_dir()))
         data = ["--data_dir", str(root / scene), "--data_factor", os.environ.get("FACTOR", "16")]
     return [sys.executable, str(REPO / "examples" / "simple_trainer.py"), strategy,
             "--batch_size", str(batch), "--schedule_in_images", "--max_steps", str(images),

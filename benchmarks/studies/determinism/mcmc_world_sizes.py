@@ -10,7 +10,7 @@ synthetic scene (or SCENE=thermos: $SCENE_DIR/thermos at --data_factor 4).
     nice -n 10 python benchmarks/studies/determinism/mcmc_world_sizes.py
 
 Environment (defaults): WS ("1 4"), SEEDS ("0 1 2"), STEPS (200), GLOBAL_BATCH (4),
-CAP_MAX (4500), SCENE (builtin), SCENE_DIR (../shared/data), NAME (mcmc_world_sizes),
+CAP_MAX (4500), SCENE (builtin), SCENE_DIR ($DISTSPLAT_DATA, default ../shared/data), NAME (mcmc_world_sizes),
 STRATEGY (mcmc; `default` for the W-invariant strategy as a control: its runs differ only
 by the batches the CLI draws on each W).
 Writes benchmarks/results/$NAME.json and prints one summary line.
@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.common import write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -40,7 +41,7 @@ def run(W: int, seed: int, steps: int, global_batch: int, cap: int, scene: str, 
     if scene == "builtin":  # the random ball at its size when these results were recorded
         data = ["--synthetic.kind", "ball", "--synthetic.width", "64", "--synthetic.height", "48"]
     else:
-        data = ["--data_dir", str(Path(os.environ.get("SCENE_DIR", REPO.parent / "shared" / "data")) / scene),
+        data = ["--data_dir", str(Path(os.environ.get("SCENE_DIR", data_dir())) / scene),
                 "--data_factor", "4"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={W}",
            str(REPO / "examples" / "simple_trainer.py"), strategy, "--max_steps", str(steps),

@@ -14,7 +14,7 @@ One process (W=1; the W-invariance of each extra is in the tests), the Trainer i
 
 Environment (defaults): PARTS ("absgrad depth pose"), STEPS (300), DEPTH_STEPS (300),
 DEPTH_FACTOR (8), POSE_NOISE (0.01), POSE_LR (1e-3),
-SCENE_DIR (../shared/data), NAME (extras_effects_cpu).
+SCENE_DIR ($DISTSPLAT_DATA, default ../shared/data), NAME (extras_effects_cpu).
 Writes benchmarks/results/$NAME.json and prints one summary line.
 """
 
@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.common import write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 from distsplat.distributed import distributed_rasterize, init_distributed  # noqa: E402
 from distsplat.train.config import default_config  # noqa: E402
 from distsplat.train.depth_loss import DepthTargets  # noqa: E402
@@ -122,7 +123,7 @@ def main() -> None:
     if "depth" in parts:
         dsteps = int(os.environ.get("DEPTH_STEPS", steps))
         factor = int(os.environ.get("DEPTH_FACTOR", 8))
-        data = Path(os.environ.get("SCENE_DIR", REPO.parent / "shared" / "data")) / "thermos"
+        data = Path(os.environ.get("SCENE_DIR", data_dir())) / "thermos"
         runs = {}
         for depth in (False, True):
             tr, m, wall = train(ctx, max_steps=dsteps, data_dir=str(data), data_factor=factor, depth_loss=depth,

@@ -4,7 +4,7 @@ the consumer's wait per batch at a simulated step rate, and first vs later epoch
 cache mode.
 
 Dataset: N_IMAGES JPEGs of WIDTH x HEIGHT under DATA (made once; thermos frames resized,
-plus mild noise so they compress like photos, when ../shared/data/thermos exists).
+plus mild noise so they compress like photos, when $DISTSPLAT_DATA/thermos, default ../shared/data/thermos, exists).
 Environment: N_IMAGES (400), WIDTH (1280), HEIGHT (720), DATA (/tmp/distsplat_bench_jpegs),
 STEP_MS (30: simulated GPU step), BATCH (1 own image a step), WAIT_STEPS (150), REPEATS (5).
 Writes benchmarks/results/loader_cpu.json; prints one summary line.
@@ -26,6 +26,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.common import write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 from distsplat.data import FolderSource, ImageCache, ImageLoader, ImageSpec  # noqa: E402
 
 N = int(os.environ.get("N_IMAGES", 400))
@@ -35,7 +36,7 @@ STEP_MS = float(os.environ.get("STEP_MS", 30))
 BATCH = int(os.environ.get("BATCH", 1))  # per rank: a 4-GPU run with batch 4 gives each rank 1
 REPEATS = int(os.environ.get("REPEATS", 5))
 WAIT_STEPS = int(os.environ.get("WAIT_STEPS", 150))
-THERMOS = Path(__file__).resolve().parents[4] / "shared" / "data" / "thermos" / "images"
+THERMOS = data_dir() / "thermos" / "images"
 
 
 def make_dataset() -> list:

@@ -25,7 +25,7 @@ from the disk (page cache: the files are read once before) or, for the built-in 
 rendered on first read. The perf_counter_ns() brackets add ~0.1 us per component.
 
 Scenes (SCENES, comma-separated): `builtin` (the trainer's scene without --data_dir) and
-`thermos` (../shared/data/thermos, DATA_FACTOR 4). Environment: SCENES (builtin,thermos),
+`thermos` ($DISTSPLAT_DATA/thermos, default ../shared/data/thermos; DATA_FACTOR 4). Environment: SCENES (builtin,thermos),
 BATCHES (1,4), STEP_MS (10), STEP_MODES (sleep,busy), MIN_STEADY (300: steady-state steps at least), DATA_FACTOR (4).
 Writes benchmarks/results/loader_host_cpu.json (LABEL=x: loader_host_cpu_x.json) and
 prints one summary line. archive/loader_host_cpu2_2026-11-26.json is the loader before issue 35's
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -48,9 +47,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.common import write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
-THERMOS = ROOT.parent / "shared" / "data" / "thermos"
+THERMOS = data_dir() / "thermos"
 SCENES = os.environ.get("SCENES", "builtin,thermos").split(",")
 BATCHES = [int(b) for b in os.environ.get("BATCHES", "1,4").split(",")]
 STEP_MS = float(os.environ.get("STEP_MS", 10))

@@ -62,6 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import write_result  # noqa: E402
+from benchmarks.paths import data_dir  # noqa: E402
 from benchmarks.procs import prewarm, run_ranks, steady_state, trainer_config  # noqa: E402
 
 PHASES = ("forward", "backward", "update")
@@ -390,7 +391,7 @@ def added(row: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main() -> None:
-    data = Path(os.environ.get("DISTSPLAT_DATA", ROOT.parent / "shared" / "data"))
+    data = data_dir()
     scenes = os.environ.get("SCENES", "builtin,thermos").split(",")
     ws = [int(w) for w in os.environ.get("WS", "1,2,4").split(",")]
     batch, warmup = int(os.environ.get("BATCH", 1)), int(os.environ.get("WARMUP", 5))
