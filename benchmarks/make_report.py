@@ -69,7 +69,7 @@ def section_smoke(d) -> str:
         rows.append([r["run"], r["step"], f"{r['psnr']:.2f}", f"{r['ssim']:.3f}", f"{r['train_s']:.0f}",
                      r["num_GS"], "/".join(str(x) for x in r["num_GS_per_rank"]),
                      "/".join(f"{x:.2f}" for x in r["mem_gb_per_rank"])])
-    return (f"## CPU smoke run (`cpu_smoke.sh`)\n\n" + d.get("note", "") + "\n\n"
+    return ("## CPU smoke run (`cpu_smoke.sh`)\n\n" + d.get("note", "") + "\n\n"
             + md_table(["run", "step", "PSNR", "SSIM", "train s", "num_GS", "GS/rank", "peak RSS GiB/rank"], rows)
             + "\n\n" + provenance(d) + "\n")
 
@@ -255,7 +255,7 @@ def section_gpu_model(d) -> str:
     """The GPU-timed scaling prediction: per W and batch, stage times, bytes, predicted speedups."""
     if d is None or not gpu_rows(d):
         return ""
-    out = [f"## GPU-timed scaling prediction (`scaling_gpu.py`)", "",
+    out = ["## GPU-timed scaling prediction (`scaling_gpu.py`)", "",
            f"A prediction, not a multi-GPU measurement. {d['timing']}. Scene: {d['scene']['source']}. "
            f"Model: `{d['model']['step']}`; {d['model']['exchange']}; speedup {d['model']['speedup']}.", ""]
     rows = []
@@ -317,7 +317,7 @@ def section_batch_quality(d, gpu_model=None) -> str:
     predicts for 4 GPUs (joined with the GPU-timed step, when there is one)."""
     if d is None:
         return ""
-    out = [f"## Quality against the global batch (`batch_quality.py`)", "", d["note"], ""]
+    out = ["## Quality against the global batch (`batch_quality.py`)", "", d["note"], ""]
     rows = []
     for k, v in d["summary"].items():
         scene, strategy, batch = k.split("/")[:3]

@@ -7,7 +7,7 @@ ground-truth Gaussians and no images; the trainer renders them (scene_setup.py).
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import numpy as np
 

@@ -1,7 +1,6 @@
 """Bad inputs: each is a DataError naming the file, raised while the scene/source is
 built (before any collective), or, for damage only a decode can see, by the loader."""
 
-import json
 import os
 import shutil
 import struct

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from distsplat.distributed import DistContext
-from distsplat.train import checkpoint as ck
 from distsplat.train.faults import READ_LAG, DivergenceGuard, FlagReader, SaveGuard, is_disk_full, payload_bytes
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)

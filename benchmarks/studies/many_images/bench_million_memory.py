@@ -76,7 +76,7 @@ def rank_worker(args) -> dict:
     import gc
     import resource
 
-    import torch  # the trainer's imports are in every rank's baseline
+    import torch  # noqa: F401  (the trainer's imports are in every rank's baseline)
 
     from distsplat.data import ImageCache, TarShardSource, load_colmap
     from distsplat.data.heap import trim_heap
