@@ -19,7 +19,7 @@ DATA_FACTOR (1, with SCENE), DISTSPLAT_DATA (the folder with
 test_garden.npz; default benchmarks/paths.py's data_dir()), SCALING_SELF_CHECK=1 (each rank also runs the same
 steps by Trainer.train_step alone and says whether it ends with the same parameters: a CPU
 check, as CUDA kernels need not repeat bit for bit). Runs on a CPU too (the torch backend, gloo:
-the plumbing; its numbers are no GPU prediction). Writes benchmarks/results/scaling_gpu.json
+the plumbing; its numbers are no GPU prediction). Writes the snapshot benchmarks/results/scaling_gpu_<device>_<date>.json
 (scaling_gpu_small.json with SMALL=1) after every configuration; prints one summary line.
 """
 

@@ -18,7 +18,7 @@ tensors are valid until the next `next()` (copy them to keep them).
 
 Threads, not processes: Pillow releases the GIL while decoding, so threads decode in
 parallel and share the cache and the pinned buffers for free. Measured on 2 cores, 1280x720
-JPEGs (benchmarks/results/loader_cpu.json, `workers`): 2 threads 237 img/s vs 2 forked
+JPEGs (benchmarks/results/loader_cpu2_2026-11-23.json, `workers`): 2 threads 237 img/s vs 2 forked
 processes writing into shared memory 229 img/s (best of 5; medians 128 vs 118).
 """
 
@@ -112,7 +112,7 @@ def _stop(tasks: "queue.SimpleQueue", stop: List[bool], n: int) -> None:
 class _Workers:
     """Decode threads fed by one SimpleQueue: a task costs the consumer's thread one put
     (ThreadPoolExecutor.submit also builds a Future and takes three locks, ~20 us of host
-    time per call on the 2-core CPU of benchmarks/results/loader_host_cpu.json)."""
+    time per call on a 2-core CPU, benchmarks/studies/loader/bench_loader_host.py)."""
 
     def __init__(self, n: int, name: str):
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()

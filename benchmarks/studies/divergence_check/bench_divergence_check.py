@@ -8,7 +8,7 @@ flags queued for the host) and the loop's lazy read of them (`poll`, which on CU
 copies that have landed) are timed REPS times, and next to them the all-reduce + a blocking
 read alone (what the check did per step before it moved onto the device) and the gradient
 sums alone, and Adam's update of the same tensors for scale. Environment:
-N (default 200000 per rank), REPS (200). Writes benchmarks/results/divergence_check_cpu.json
+N (default 200000 per rank), REPS (200). Writes the snapshot benchmarks/results/divergence_check_<device>_<date>.json
 (or _cuda) on rank 0 and prints one summary line.
 """
 

@@ -7,7 +7,7 @@ Dataset: N_IMAGES JPEGs of WIDTH x HEIGHT under DATA (made once; thermos frames 
 plus mild noise so they compress like photos, when $DISTSPLAT_DATA/thermos, default ../shared/data/thermos, exists).
 Environment: N_IMAGES (400), WIDTH (1280), HEIGHT (720), DATA (/tmp/distsplat_bench_jpegs),
 STEP_MS (30: simulated GPU step), BATCH (1 own image a step), WAIT_STEPS (150), REPEATS (5).
-Writes benchmarks/results/loader_cpu.json; prints one summary line.
+Writes the snapshot benchmarks/results/loader_<device>_<date>.json; prints one summary line.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ rendered on first read. The perf_counter_ns() brackets add ~0.1 us per component
 Scenes (SCENES, comma-separated): `builtin` (the trainer's scene without --data_dir) and
 `thermos` ($DISTSPLAT_DATA/thermos, default ../shared/data/thermos; DATA_FACTOR 4). Environment: SCENES (builtin,thermos),
 BATCHES (1,4), STEP_MS (10), STEP_MODES (sleep,busy), MIN_STEADY (300: steady-state steps at least), DATA_FACTOR (4).
-Writes benchmarks/results/loader_host_cpu.json (LABEL=x: loader_host_cpu_x.json) and
+Writes the snapshot benchmarks/results/loader_host_<device>_<date>.json (LABEL=x: loader_host_x_...) and
 prints one summary line. archive/loader_host_cpu2_2026-11-26.json is the loader before issue 35's
 changes (commit 8c3fb79), run just before.
 """

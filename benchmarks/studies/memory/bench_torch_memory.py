@@ -18,7 +18,7 @@ Two parts, each configuration in a fresh process (ru_maxrss is a process's lifet
 
 Environment: SIZES ("20000,50000,100000"), IMAGES ("240x135,479x269"), STEPS (2),
 CLI ("100000x479x269": N x WIDTH x HEIGHT, empty for none), CLI_STEPS (3). Writes
-benchmarks/results/torch_memory_cpu.json and prints one summary line.
+the snapshot benchmarks/results/torch_memory_<device>_<date>.json and prints one summary line.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ synthetic scene), DATA_FACTOR (2), WARMUP (3), GSPLAT_PEER (gsplat's peer folder
 SHARED_W2 (1; 0 skips the W = 2 case), TIME_LIMIT_S (300: the W = 2 ranks get what is left of
 it since this script started, less WRITE_S = 5, and are killed past it; with under 15 s left
 they are not started, and the result says why). In that order: W = 1, gsplat's step, W = 2;
-the result is written after each. Writes benchmarks/results/host_syncs_cuda.json
+the result is written after each. Writes the snapshot benchmarks/results/host_syncs_cuda_<device>_<date>.json
 (host_syncs_dry.json with DRY_RUN=1) and prints one summary line.
 """
 

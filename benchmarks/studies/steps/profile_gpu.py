@@ -30,7 +30,7 @@ Environment: SCENE, DATA_FACTOR (1), CACHES (none,decoded,gpu,gpu-nocheck,gpu-to
 cache with --max_bad_steps 0, and with --ssim_impl torch), PROFILE_WARM (100), PROFILE_STEPS
 (300), PROFILE_RANGE_STEPS (20). DRY_RUN=1: no GPU, the same code on the CPU (torch backend,
 the built-in synthetic scene, caches none,decoded; the ranges and cProfile on the `decoded`
-one) to check this script's plumbing. Writes benchmarks/results/profile_gpu_cuda.json
+one) to check this script's plumbing. Writes the snapshot benchmarks/results/profile_gpu_cuda_<device>_<date>.json
 (profile_gpu_dry.json with DRY_RUN=1), the tables to TABLE_DIR (default: a temporary folder),
 and prints one summary line.
 """
