@@ -11,7 +11,9 @@ it is host time a GPU step may wait for; benchmarks/studies/loader/bench_loader_
 asks the schedule, checks ownership against a byte per scene camera, queues ONE task per
 batch, and takes the finished batch. The first worker lays the batch out in its buffer
 (specs, offsets, the slot's previous copy), hands the batch's other images to the pool,
-and reads one itself; the one that finishes the batch also builds its stacked view.
+and reads one itself; the one that finishes the batch also builds its stacked view. A batch
+whose images are all in the decoded cache (steady state) is only copies: its first worker
+does them all, so one thread, not one per image, takes Python's lock from the consumer.
 
 A step in which the rank owns no camera does no I/O. Batch buffers are reused: a Batch's
 tensors are valid until the next `next()` (copy them to keep them).
@@ -236,13 +238,25 @@ class ImageLoader:
             arr = host.numpy()
             jobs = [(j, arr[a:b].reshape(spec.shape), (int(a), int(b)))
                     for j, spec, a, b in zip(todo, specs, offsets[:-1], offsets[1:])]
+            copies_only = self._copies_only(p, todo)
         except BaseException as e:  # surfaced by next() on the consumer's thread
             p.error = e
             p.done.set()
             return
+        if copies_only:  # cached decoded images: copies, one thread for the batch
+            for job in jobs:
+                self._work(p, *job)
+            return
         for job in jobs[1:]:
             self._pool.submit(self._work, p, *job)
         self._work(p, *jobs[0])
+
+    def _copies_only(self, p: _Pending, todo: List[int]) -> bool:
+        """Whether every image of the batch is a copy out of the decoded cache (steady state):
+        each thread woken for one would only take Python's lock from the consumer for a copy
+        of microseconds, so the first worker does them all; decoding is spread over the pool."""
+        cache = self.cache
+        return cache.mode == "decoded" and all(cache.cached(p.cams[j]) for j in todo)
 
     def _work(self, p: _Pending, j: int, out: np.ndarray, span) -> None:
         try:

@@ -153,3 +153,42 @@ def test_a_loader_dropped_without_close_ends_its_threads(dataset):
     for t in threads:
         t.join(10)
     assert not any(t.is_alive() for t in threads) and threading.active_count() <= before
+
+
+def test_a_cached_batch_is_copied_by_one_worker_and_decoding_uses_the_pool(dataset):
+    """Steady state (every image of the batch in the decoded cache): one worker copies the
+    whole batch, so one thread, not one per image, competes with the consumer for Python's
+    lock; a batch still to decode is spread over the pool (a slow decode shows it: with
+    4 workers, 4 images of a batch are decoded at once)."""
+    import time
+
+    scene = load_colmap(dataset)
+    cache = ImageCache(scene.images, scene.specs(), range(16), mode="decoded")
+    decoding, most = [0], [0]
+    read_into, lock = cache.read_into, threading.Lock()
+    source_read = cache.source.read
+
+    def slow_read(i):  # a decode that takes long enough for the pool's threads to overlap
+        with lock:
+            decoding[0] += 1
+            most[0] = max(most[0], decoding[0])
+        time.sleep(0.05)
+        with lock:
+            decoding[0] -= 1
+        return source_read(i)
+
+    def recording(cam, out):  # prefetch 1: a batch's reads start once the one before is done
+        with lock:
+            calls.append(threading.get_ident())
+        read_into(cam, out)
+
+    cache.read_into, cache.source.read = recording, slow_read
+    calls = []
+    schedule = [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3], [4, 5, 6, 7], [3, 2, 1, 0]]
+    with ImageLoader(cache, schedule, num_workers=4, prefetch=1) as loader:
+        for batch in loader:
+            for im, c in zip(batch.images, batch.cameras):
+                np.testing.assert_array_equal(im.numpy(), pillow_decode(dataset / "images" / scene.names[c]))
+    threads = {s: set(calls[4 * s: 4 * s + 4]) for s in range(len(schedule))}
+    assert most[0] >= 2  # the first epoch decoded on several threads at once
+    assert all(len(threads[s]) == 1 for s in (2, 3, 4)), threads  # cached: one thread a batch
