@@ -135,7 +135,7 @@ def render_ground_truth(scene: Scene, index: int) -> np.ndarray:
     """[H, W, 3] uint8 image of the synthetic scene's ground-truth Gaussians at camera
     index (rendered with the torch backend on CPU: the scene is tiny)."""
     g = {k: torch.from_numpy(v) for k, v in scene.gaussians.items()}
-    viewmat = torch.from_numpy(np.linalg.inv(scene.camtoworlds[index])).float()[None]
+    viewmat = scene.viewmats([index])  # [1, 4, 4]
     K = torch.from_numpy(scene.Ks[index]).float()[None]
     with torch.no_grad():
         colors, _, _ = rasterize(

@@ -299,7 +299,8 @@ class Trainer:
         batch = self._batch(step)
         images = next(self.loader)
         C = len(batch.cameras)
-        scene_np = self.train_np[batch.host_cameras()]  # [C] scene indices (host bookkeeping in numpy)
+        positions = batch.host_cameras()  # [C] positions among the training cameras
+        scene_np = self.train_np[positions]  # [C] scene indices (host bookkeeping in numpy)
         cams = to_device(torch.from_numpy(scene_np), self.device)
         sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
         backgrounds = None
@@ -307,7 +308,7 @@ class Trainer:
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             backgrounds = to_device(torch.rand(C, 3, generator=gen), self.device)
         g = activated(self.params, sh)
-        viewmats, Ks = self.train_viewmats(batch.host_cameras()), self.Ks[cams]  # [C, 4, 4], [C, 3, 3]
+        viewmats, Ks = self.train_viewmats(positions), self.Ks[cams]  # [C, 4, 4], [C, 3, 3]
         if self.pose is not None:  # the learned corrections, identical on every rank
             viewmats = self.pose.apply(viewmats, to_device(batch.cameras, self.device))
         # One render per image size of the batch (one for a single-size scene), in the same
