@@ -223,7 +223,16 @@ def _tile_intersections(
     ty = lo[pair_ids, 1] + k // row
     tile_ids = (pairs.camera_ids[pair_ids] * tiles_y + ty) * tiles_x + tx  # [E]
     # Same key as gsplat: tile in the high bits, the float32 depth's bit pattern below.
-    depth_bits = pairs.depths.detach().float().view(torch.int32).long() & 0xFFFFFFFF
+    depths = pairs.depths.detach()
+    depth_bits = depths.float().view(torch.int32).long() & 0xFFFFFFFF
+    if depths.dtype == torch.float64:
+        # Equal float32 depths (about one pair of overlapping Gaussians a run on a small scene)
+        # in the depth order of their float64 ones: a stable sort by the float64 depth first.
+        # Left to the pair order, the tie is broken by the Gaussians' global order, which after
+        # densification depends on W (each rank appends its newborns), and W ranks would no
+        # longer train like one process (docs/determinism.md). Float32 depths: gsplat's order.
+        by_depth = torch.sort(depths[pair_ids], stable=True).indices  # [E]
+        tile_ids, pair_ids = tile_ids[by_depth], pair_ids[by_depth]
     order = torch.sort((tile_ids << 32) | depth_bits[pair_ids], stable=True).indices
     return tile_ids[order], pair_ids[order]
 

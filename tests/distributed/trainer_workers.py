@@ -127,25 +127,38 @@ def to_float64(trainer: Trainer, global_batch: int, anisotropic: float = 0.0) ->
         trainer.strategy_state["grad2d"] = torch.zeros(len(trainer.params["means"]), dtype=torch.float64)
 
 
-def record_adam(trainer: Trainer) -> Dict[str, Dict[str, List[torch.Tensor]]]:
-    """Hooks every optimizer to record, per step, each component's gradient and Adam's
-    denominator sqrt(v_hat) + eps: what a gradient perturbation of size d is divided by
-    (test_trainer.py derives its per-component noise bound from them)."""
-    rec: Dict[str, Dict[str, List[torch.Tensor]]] = {}
-    for name, opt in trainer.optimizers.items():
+def record_adam(trainer: Trainer) -> Dict[str, Any]:
+    """Hooks every optimizer (the Gaussians', and --pose_opt's and --app_opt's) to record,
+    per step, each component's gradient and Adam's denominator sqrt(v_hat) + eps: what a
+    gradient perturbation of size d is divided by (test_trainer.py derives its per-component
+    noise bound from them); with "uid" the Gaussians' ids at each step (their rows change at
+    refine steps). An optimizer of several tensors (the MLP) records them flattened, one row."""
+    rec: Dict[str, Any] = {"uid": []}
+    optimizers = dict(trainer.optimizers)
+    if getattr(trainer, "pose", None) is not None:
+        optimizers["pose"] = trainer.pose.optimizer
+    if getattr(trainer, "app", None) is not None:
+        optimizers["app_embeds"], optimizers["app_mlp"] = trainer.app.embed_opt, trainer.app.mlp_opt
+    for name, opt in optimizers.items():
         r = rec[name] = {"grad": [], "denom": [], "lr": []}
+        whole = name in trainer.optimizers  # one [N, ...] tensor per step, else flattened
 
-        def pre(opt, args, kwargs, r=r):
-            p = opt.param_groups[0]["params"][0]
-            r["grad"].append(p.grad.detach().clone())
+        def pre(opt, args, kwargs, r=r, whole=whole, name=name):
+            ps = opt.param_groups[0]["params"]
+            g = [p.grad.detach() for p in ps]
+            r["grad"].append(g[0].clone() if whole else torch.cat([x.reshape(-1) for x in g]))
             r["lr"].append(opt.param_groups[0]["lr"])
+            if name == "means":
+                rec["uid"].append(trainer.strategy_state["uid"].clone())
 
-        def post(opt, args, kwargs, r=r):
+        def post(opt, args, kwargs, r=r, whole=whole):
             group = opt.param_groups[0]
-            p = group["params"][0]
-            st = opt.state[p]
-            v_hat = st["exp_avg_sq"] / (1 - group["betas"][1] ** float(st["step"]))
-            r["denom"].append(v_hat.sqrt() + group["eps"])
+            d = []
+            for p in group["params"]:
+                st = opt.state[p]
+                v_hat = st["exp_avg_sq"] / (1 - group["betas"][1] ** float(st["step"]))
+                d.append(v_hat.sqrt() + group["eps"])
+            r["denom"].append(d[0] if whole else torch.cat([x.reshape(-1) for x in d]))
 
         opt.register_step_pre_hook(pre)
         opt.register_step_post_hook(post)
@@ -153,10 +166,13 @@ def record_adam(trainer: Trainer) -> Dict[str, Dict[str, List[torch.Tensor]]]:
 
 
 def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, record: bool = False,
-          drop_rank_grad: int = -1, anisotropic: float = 0.0, no_app_all_reduce: bool = False) -> Dict[str, Any]:
+          drop_rank_grad: int = -1, anisotropic: float = 0.0, no_app_all_reduce: bool = False,
+          grad_error: float = 0.0) -> Dict[str, Any]:
     """Sets up, trains, returns this rank's parameters, metrics and a fixed-view render.
     record: also each step's gradients and Adam denominators (record_adam).
-    drop_rank_grad: a deliberate bug for mutation checks: that rank zeroes its gradients.
+    drop_rank_grad: a deliberate bug for mutation checks: that rank zeroes its gradients, or
+    with grad_error > 0 multiplies each component by 1 + grad_error x (seeded N(0, 1)): an
+    error far above float64 rounding that no tolerance tuned in Adam steps would see.
     no_app_all_reduce: another (--app_opt): each rank steps on its own share of the MLP's gradient."""
     if no_app_all_reduce:
         import distsplat.train.app_opt as app_opt
@@ -172,8 +188,14 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
         events = _count_events(trainer) if float64 else {}
         rec = record_adam(trainer) if record else None
         if drop_rank_grad == ctx.rank:
+            gen = torch.Generator().manual_seed(5)
+
             def drop(opt, args, kwargs):
-                opt.param_groups[0]["params"][0].grad.zero_()
+                g = opt.param_groups[0]["params"][0].grad
+                if grad_error:
+                    g.mul_(1 + grad_error * torch.randn(g.shape, generator=gen, dtype=g.dtype))
+                else:
+                    g.zero_()
 
             for opt in trainer.optimizers.values():
                 opt.register_step_pre_hook(drop)
@@ -182,46 +204,49 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
                "counts": gather_counts(len(trainer.params["means"]), torch.device("cpu")),
                "local_cap": getattr(trainer.strategy, "cap_max", None), "rng": torch.get_rng_state(),
                "uid": trainer.strategy_state["uid"].clone(), "events": events,
+               "seed": trainer.strategy_state.get("seed"),
                "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone(),
                "app": _app(trainer)}
-        if rec is not None:
-            out["adam"] = {k: {f: (torch.stack(v) if f != "lr" else torch.tensor(v)) for f, v in r.items()}
-                           for k, r in rec.items()}
+        if rec is not None:  # per step: lists (rows change at refine steps), learning rates [T]
+            out["adam"] = {k: (r if k == "uid" else {**r, "lr": torch.tensor(r["lr"])}) for k, r in rec.items()}
         return out
     finally:
         trainer.cleanup()
 
 
 def _count_events(trainer: Trainer) -> Dict[str, Any]:
-    """Counts this rank's duplicated, split and pruned Gaussians, and records how far from
-    its threshold any refine decision was: the smallest relative margin of a 2D gradient
-    to grow_grad2d, of a largest scale to grow_scale3d and prune_scale3d (x scene scale),
-    of an opacity to prune_opa (by wrapping the strategy's grow and prune)."""
+    """Counts this rank's duplicated, split and pruned Gaussians and records, at each refine
+    step, what every decision was taken on (by wrapping the strategy's grow and prune): the
+    Gaussians' ids, their mean 2D gradient (grow_grad2d), largest scale (grow_scale3d and
+    prune_scale3d, x scene scale) and opacity (prune_opa), with the thresholds; and the
+    parameters a split's children are made of (test_trainer.py: which decisions were near
+    enough their threshold to flip, and the bound the children inherit)."""
     s = trainer.strategy
-    events: Dict[str, Any] = {"dupli": 0, "split": 0, "prune": 0, "margin": float("inf")}
-    grow, prune = s._grow_gs, s._prune_gs
+    events: Dict[str, Any] = {"dupli": 0, "split": 0, "prune": 0, "grow": [], "prune_at": []}
 
-    def margin(x: torch.Tensor, threshold: float) -> float:
-        return float(((x.detach().double() - threshold).abs() / threshold).min()) if len(x) else float("inf")
+    def size(params):
+        return torch.exp(params["scales"].detach()).max(dim=-1).values
 
     def grow_gs(params, optimizers, st, step):
-        grads = st["grad2d"] / st["count"].clamp_min(1)
-        size = torch.exp(params["scales"]).max(dim=-1).values
-        events["margin"] = min(events["margin"], margin(grads, s.grow_grad2d),
-                               margin(size, s.grow_scale3d * st["scene_scale"]))
+        events["grow"].append({
+            "step": step, "uid": st["uid"].clone(), "grad": (st["grad2d"] / st["count"].clamp_min(1)).double(),
+            "size": size(params).double(), "grad_thr": s.grow_grad2d, "size_thr": s.grow_scale3d * st["scene_scale"],
+            **{k: params[k].detach().clone() for k in ("means", "scales", "quats")}})
         n_dupli, n_split = grow(params, optimizers, st, step)
         events["dupli"] += n_dupli
         events["split"] += n_split
         return n_dupli, n_split
 
     def prune_gs(params, optimizers, st, step):
-        size = torch.exp(params["scales"]).max(dim=-1).values
-        events["margin"] = min(events["margin"], margin(torch.sigmoid(params["opacities"]), s.prune_opa),
-                               margin(size, s.prune_scale3d * st["scene_scale"]))
+        events["prune_at"].append({
+            "step": step, "uid": st["uid"].clone(), "opacity": torch.sigmoid(params["opacities"].detach()).double(),
+            "size": size(params).double(), "opacity_thr": s.prune_opa,
+            "size_thr": s.prune_scale3d * st["scene_scale"] if step > s.reset_every else None})
         n = prune(params, optimizers, st, step)
         events["prune"] += n
         return n
 
+    grow, prune = s._grow_gs, s._prune_gs
     s._grow_gs, s._prune_gs = grow_gs, prune_gs
     return events
 

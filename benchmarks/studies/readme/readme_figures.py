@@ -3,6 +3,7 @@ in benchmarks/results/ (machine, command, commit, date, load), so every number t
 quotes points at a file. The tests named in each note assert the (looser) bounds.
 
     python benchmarks/studies/readme/readme_figures.py w_invariance     # test_trainer.py's W=1 vs W=2 runs, 3 precisions/starts
+    python benchmarks/studies/readme/readme_figures.py w_invariance_densify  # the densification tests' W=1/2/3 runs vs their bound
     python benchmarks/studies/readme/readme_figures.py failure_timings  # test_rank_failure.py's fault runs, timed
     python benchmarks/studies/readme/readme_figures.py cross_w_seeds    # test_determinism.py's cross-W command, seeds 0-4
     python benchmarks/studies/readme/readme_figures.py quickstart       # README's first training command, as written
@@ -52,6 +53,70 @@ def w_invariance() -> Dict[str, Any]:
         "gradients are pure rounding noise at step 1 (Adam's eps 7e-16 turns them into steps of up to lr; their "
         "size depends on the CPU's vector kernels); float32_isotropic_start is the trainer as shipped. Other CPUs "
         "round differently: the test asserts derived bounds, not these values."), "results": out}
+
+
+def w_invariance_densify() -> Dict[str, Any]:
+    """test_trainer.py's and test_extras_training.py's densification runs (W = 1, 2, 3 on W=3's
+    batches, float64): how much of the derived rounding bound (tests/distributed/rounding.py)
+    each uses, how far every decision stayed from flipping, what the mutation checks exceed it
+    by, and what the isotropic start (gsplat's) does to the same comparison."""
+    import torch
+    from harness import run_workers
+    from rounding import assert_decisions_clear, by_id, rounding_bound_by_id
+    import test_extras_training as extras
+    import test_trainer as tt
+
+    def measure(runs) -> Dict[str, Any]:
+        one = runs[1][0]
+        bound = rounding_bound_by_id(one, tt.N_ACC_3, one["seed"])
+        uid1, p1 = by_id(runs[1])
+        _, b1 = by_id(runs[1], {k: [v] for k, v in bound.items()})
+        r: Dict[str, Any] = {"gaussians": len(uid1),
+                             "events": {k: sum(x["events"][k] for x in runs[1]) for k in ("dupli", "split", "prune")}}
+        for W in [w for w in runs if w != 1]:
+            uid, p = by_id(runs[W])
+            if not torch.equal(uid, uid1):
+                r[f"W{W}"] = "other Gaussians"
+                continue
+            r[f"W{W}"] = {k: {"max_abs": (p[k] - v).abs().max().item(),
+                              "max_over_bound": ((p[k] - v).abs() / b1[k]).max().item(),
+                              "max_adam_steps": ((p[k] - v).abs().reshape(len(uid), -1).amax(1)
+                                                 / LRS[k]).max().item() if k in LRS else None}
+                          for k, v in p1.items()}
+        try:
+            r["decision_margin_over_difference_min"] = assert_decisions_clear(runs)
+        except AssertionError as e:
+            r["decision_flipped"] = str(e)
+        return r
+
+    LRS = {"means": 1.6e-4 * 3**0.5, "scales": 5e-3 * 3**0.5, "quats": 1e-3 * 3**0.5, "opacities": 5e-2 * 3**0.5,
+           "sh0": 2.5e-3 * 3**0.5, "shN": 2.5e-3 / 20 * 3**0.5}
+    out: Dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for name, tweak in [("default", lambda c: None), ("app_opt", extras.app_opt),
+                            ("depth_loss", lambda c: setattr(c, "depth_loss", True))]:
+            runs = tt.densify_runs(run_workers, Path(d) / name, tweak)
+            out[name] = measure(runs)
+            if name == "default":
+                bad = run_workers("trainer_workers:train", 2, tt.densify_config(d + "/bad", 1), 3, True, False, 1,
+                                  tt.ANISO, False, 1e-9)
+                out["mutation_rank1_gradients_1e-9_relative"] = measure({1: runs[1], 2: bad})
+            print(name, json.dumps(out[name])[:400], flush=True)
+        iso = {W: run_workers("trainer_workers:train", W, tt.densify_config(f"{d}/iso{W}", 3 // W), 3 if W < 3 else 0,
+                              True, W == 1, -1, 0.0) for W in (1, 2)}
+        out["default_isotropic_start"] = measure(iso)
+    return {"note": (
+        "W = 1, 2, 3 on W=3's global batches (W=1 and W=2 replay them), 20 float64 steps of the default strategy "
+        "with growth at steps 6-18, opacity resets at 8 and 16 and pruning (test_trainer.densify_config), from "
+        "the tests' anisotropic start (log scales + uniform(-0.3, 0.3)), with --app_opt and --depth_loss as "
+        "test_extras_training.py runs them. max_over_bound: the largest |W - W=1| over its derived rounding "
+        "bound (tests/distributed/rounding.py; the tests assert <= 1); max_adam_steps: the same in units of the "
+        "parameter's learning rate (x sqrt(3)). decision_margin_over_difference_min: over every grow and prune "
+        "decision, the distance of the decided number to its threshold over the runs' difference in it. "
+        "mutation: W=2 with rank 1's gradients multiplied by 1 + 1e-9 N(0, 1) per component. "
+        "default_isotropic_start: gsplat's initial (isotropic) scales, whose quaternion gradients are pure "
+        "rounding noise: the bound does not hold there (it assumes no cancellation), which is why the tests "
+        "start anisotropic; how far it lands depends on the CPU."), "results": out}
 
 
 def failure_timings() -> Dict[str, Any]:
@@ -154,7 +219,7 @@ def builtin_scenes() -> Dict[str, Any]:
 def main() -> int:
     from benchmarks.common import write_result
 
-    what = {"w_invariance": w_invariance, "failure_timings": failure_timings, "cross_w_seeds": cross_w_seeds,
+    what = {"w_invariance": w_invariance, "w_invariance_densify": w_invariance_densify, "failure_timings": failure_timings, "cross_w_seeds": cross_w_seeds,
             "quickstart": quickstart, "builtin_scenes": builtin_scenes}
     if len(sys.argv) != 2 or sys.argv[1] not in what:
         print(f"usage: python benchmarks/studies/readme/readme_figures.py {'|'.join(what)}", file=sys.stderr)
