@@ -99,7 +99,7 @@ def tests_record(xml_path: str, out: str) -> int:
     machine_file = os.environ.get("GPU_VALIDATE_MACHINE")
     info = json.loads(Path(machine_file).read_text()) if machine_file and Path(machine_file).is_file() else {}
     record = {"benchmark": "tests_cuda", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "command": "DISTSPLAT_FAIL_ON_SKIP=1 python3 -m pytest tests/cuda -v -rA --timeout 60  "
+              "command": "DISTSPLAT_FAIL_ON_SKIP=1 python3 -m pytest tests/cuda -o addopts= -v -rA --timeout 60  "
                          "(scripts/gpu_validate.sh tests)",
               "commit": os.environ.get("DISTSPLAT_COMMIT"), "machine": info.get("machine"),
               "summary": summary, "seconds": round(seconds, 2),

@@ -303,7 +303,8 @@ run_check() {
     setup) check_setup ;;
     tests)  # every CUDA test must run: a skip (no data, no GPU) fails here; pytest-timeout stops a hung test
         grant tests || return 1
-        run tests env DISTSPLAT_FAIL_ON_SKIP=1 "$PY" -m pytest tests/cuda -v -rA -p no:cacheprovider \
+        # -o addopts=: one process (pyproject's -n auto needs pytest-xdist, not carried; CUDA tests share one GPU)
+        run tests env DISTSPLAT_FAIL_ON_SKIP=1 "$PY" -m pytest tests/cuda -o addopts= -v -rA -p no:cacheprovider \
             --timeout 60 --junitxml="$LOGS/tests_cuda.xml"
         detail "$(last_line '[0-9]+ (passed|failed|errors?)' tests)"
         detail "$("$HOST_PY" scripts/gpu_records.py tests "$LOGS/tests_cuda.xml" "$BENCH_RESULTS/tests_cuda.json" 2>&1)"

@@ -28,6 +28,30 @@ os.environ["DISTSPLAT_NO_DOWNLOAD"] = "1"  # distsplat.train.lpips.NO_DOWNLOAD_E
 SHARED_DATA = data_dir()
 
 
+def cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without it (-p no:xdist) nothing calls it
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): one test process per core, at most 4. Most of the
+    suite's time is spent starting and waiting for CPU ranks (torchrun, gloo, imports) on
+    one core, so two processes use a 2-core machine's second core; each test may start up to
+    4 ranks of its own, so more than 4 workers would only crowd them."""
+    return max(1, min(cores(), 4))
+
+
+# The workers share the cores: intra-op threads split between them (ranks set their own).
+# DISTSPLAT_TEST_THREADS sets them instead (.ci/run's second pass: 2 threads, another
+# reduction order for the numerics tests).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if os.environ.get("DISTSPLAT_TEST_THREADS"):
+    torch.set_num_threads(int(os.environ["DISTSPLAT_TEST_THREADS"]))
+elif _WORKERS > 1:
+    torch.set_num_threads(max(1, cores() // _WORKERS))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -16,6 +16,8 @@ import torch
 
 from torchrun_cli import torchrun
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 SCENE = ["--synthetic.kind", "ball", "--synthetic.num_cameras", "12", "--synthetic.num_gaussians", "400", "--synthetic.width", "32",
          "--synthetic.height", "24", "--sh_degree", "1", "--prefetch", "1", "--disable_viewer"]
 STEPS = 40

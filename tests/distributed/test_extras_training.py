@@ -32,6 +32,7 @@ def shared_excess(runs, name: str, value) -> dict:
     return {W: ((value(rs) - ref).abs() / bound).max().item() for W, rs in runs.items() if W != 1}
 
 
+@pytest.mark.numerics
 @pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_absgrad_densification_is_w_invariant(run_workers, tmp_path):
     def absgrad(cfg):
@@ -69,6 +70,7 @@ def test_absgrad_raises_gsplat_default_threshold():
     assert cfg.strategy.grow_grad2d == 0.0005
 
 
+@pytest.mark.numerics
 @pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_depth_loss_training_is_w_invariant(run_workers, tmp_path):
     """--depth_loss on the built-in scene (no tracks: every point in the image is a target)."""
@@ -76,6 +78,7 @@ def test_depth_loss_training_is_w_invariant(run_workers, tmp_path):
     assert_same_gaussians(runs)  # a depth term on the wrong camera or rank moves Gaussians by whole steps
 
 
+@pytest.mark.numerics
 @pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_pose_opt_training_is_w_invariant_and_identical_on_every_rank(run_workers, tmp_path):
     """--pose_opt with --pose_noise: the corrections are bitwise identical on every rank,
@@ -178,6 +181,7 @@ def app_runs(run_workers, tmp_path_factory):
     return tmp, run_w123(run_workers, tmp, app_opt, save_steps=[20])
 
 
+@pytest.mark.numerics
 @pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_app_opt_training_is_w_invariant_and_identical_on_every_rank(run_workers, app_runs):
     """--app_opt: W = 1, 2, 3 on the same batches give the same Gaussians (features and
@@ -195,6 +199,7 @@ def test_app_opt_training_is_w_invariant_and_identical_on_every_rank(run_workers
         assert torch.equal(r["app"]["mlp"], runs[2][0]["app"]["mlp"])
 
 
+@pytest.mark.numerics
 @pytest.mark.slow  # 2 processes
 def test_app_opt_invariance_check_fails_without_the_mlp_all_reduce(run_workers, app_runs, tmp_path):
     """The mutation check of the test above: W=2 with each rank stepping on its own share

@@ -43,6 +43,7 @@ def _batches_mix_sizes(steps: int) -> None:
     assert mixed >= steps // 2 and lonely >= 1, (mixed, lonely)
 
 
+@pytest.mark.numerics
 @pytest.mark.slow  # 3 processes, 20 float64 steps with densification (~35 s on 2 shared cores)
 def test_mixed_size_training_is_w_invariant(run_workers, tmp_path):
     root = make_mixed_size_colmap(tmp_path / "capture", SIZES, num_cameras=NUM_CAMERAS)

@@ -27,6 +27,7 @@ def _shards(out: Path) -> list:
     return [torch.load(ck / s["file"], weights_only=True)["params"] for s in meta["shards"]]
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_two_nodes_of_two_ranks_equal_one_node_of_four(tmp_path):
     one = torchrun([*FLAGS, "--result_dir", str(tmp_path / "one")], nproc=4)

@@ -15,6 +15,8 @@ import torch
 from distsplat.render import rasterize
 from scenes import CASES, PARAM_NAMES, case_layout, dense_means2d_grad, weighted_loss
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 SEED = 11
 # float64: only summation order may differ. A pixel is composited in the same depth order on
 # every W; a gradient sums <= 4 cameras x 32 x 24 = 3072 pixel terms in another order:

@@ -45,6 +45,7 @@ def w1_reference(run_workers, tmp_path_factory):
     return one
 
 
+@pytest.mark.numerics
 def test_w1_and_w2_training_give_the_same_parameters_and_metrics(run_workers, w1_reference, tmp_path):
     one = w1_reference
     cfg2 = tiny_config(str(tmp_path / "w2"), batch_size=1, eval_steps=[20], **SAME_BATCHES)
@@ -66,6 +67,7 @@ def test_w1_and_w2_training_give_the_same_parameters_and_metrics(run_workers, w1
     assert one["metrics"]["val_ssim"] == pytest.approx(two[0]["metrics"]["val_ssim"], abs=1e-6)
 
 
+@pytest.mark.numerics
 def test_w_invariance_check_catches_a_dropped_gradient(run_workers, w1_reference, tmp_path):
     """The check above can fail: rank 1 zeroing its gradients (a lost reverse exchange)."""
     cfg2 = tiny_config(str(tmp_path / "w2"), batch_size=1, eval_steps=[20], **SAME_BATCHES)
@@ -151,6 +153,7 @@ def densified(run_workers, tmp_path_factory):
     return tmp, densify_runs(run_workers, tmp, save_steps=[20])
 
 
+@pytest.mark.numerics
 def test_densification_is_w_invariant(run_workers, densified):
     """W = 1, 2, 3 on the same global batches (W=3's: 3 cameras per step; W=1 and W=2
     replay them) through 5 growths, 2 opacity resets and 5 prunings end with the same
@@ -168,6 +171,7 @@ def test_densification_is_w_invariant(run_workers, densified):
         assert torch.equal(torch.cat([r["params"][k] for r in resumed]), torch.cat([r["params"][k] for r in runs[2]]))
 
 
+@pytest.mark.numerics
 def test_densification_bound_catches_a_small_gradient_error(run_workers, densified, tmp_path):
     """The check above can fail, and not only on whole-step errors: W=2 with one rank's
     gradients off by a relative 1e-9 per component (a float32 sum would be ~1e-7) fails

@@ -7,6 +7,8 @@ import torch
 
 from scenes import train_loop
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 STEPS, BATCH, LR = 20, 4, 0.01
 # float64 with Adam's default eps 1e-8 (not the trainer's 7e-16): a gradient summed in
 # another order differs by <= 4 x 32 x 24 u |terms| ~ 3e-13 |terms|, which moves a step by

@@ -6,6 +6,8 @@ import torch
 
 from distsplat.render import rasterize
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 W_IMG, H_IMG = 8, 6
 
 

@@ -12,6 +12,8 @@ import torch
 from distsplat.train.app_opt import FEATURE_DIM, Appearance, check_resume, colour_kwargs, sh_bases
 from distsplat.train.gaussians import SH_C0, activated, init_gaussians
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 CPU = torch.device("cpu")
 Y0 = 0.5 / math.sqrt(math.pi)  # real SH Y_0^0
 Y1 = math.sqrt(3.0 / (4.0 * math.pi))  # |Y_1^m| on the unit sphere

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 
@@ -31,6 +33,7 @@ GOLDEN = REPO / "tests" / "golden"
 PSNR_TOL_DB = 0.05
 
 
+@pytest.mark.numerics
 def test_quick_start_trains_as_recorded(tmp_path):
     """The README quick start's training, W = 1 and cut to 20 steps (~15 s on 2 cores): PSNR at
     step 1 and 20 as golden. The full run's 32.44 dB at 600 steps is a dated snapshot

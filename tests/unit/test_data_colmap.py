@@ -12,6 +12,8 @@ from distsplat.data.normalize import similarity_from_cameras
 
 from .data_helpers import make_colmap_dataset, pillow_decode, scene_to_model
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 pycolmap = pytest.importorskip("pycolmap", reason="pycolmap (dev extra) is the reference COLMAP reader")
 
 

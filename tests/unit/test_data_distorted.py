@@ -19,6 +19,8 @@ from distsplat.data.undistort import Undistortion, plan_undistortion, split_para
 
 from .data_helpers import colmap_to_nerfstudio, make_distorted_colmap
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 pytest.importorskip("pycolmap", reason="pycolmap (dev extra) is the reference camera model")
 
 RADIAL = ("SIMPLE_RADIAL", [60.0, 32.3, 23.8, -0.06], 64, 48)

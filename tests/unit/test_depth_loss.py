@@ -11,6 +11,8 @@ from distsplat.data import colmap_io, load_colmap
 from distsplat.train.depth_loss import DepthTargets
 from tests.unit.data_helpers import make_colmap_dataset
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 
 def _with_tracks(root: Path, fmt: str):
     """A COLMAP dataset whose point i is seen by images 1 + (i % 3) and 1 + (i % 5)."""

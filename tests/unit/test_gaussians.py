@@ -15,6 +15,8 @@ from distsplat.train.gaussians import (
     random_points,
 )
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 
 def test_knn_distance_matches_brute_force():
     pts = np.random.default_rng(0).normal(size=(300, 3))

@@ -10,6 +10,8 @@ import gsplat.cuda._wrapper as gw
 from distsplat.render import gsplat_backend, project
 from tests.unit.scenes import GAUSSIAN_KEYS, look_at_viewmat, random_scene, render_args, with_grad
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 ALPHA, VALUE = 0.25, 0.5  # what the fake kernel "renders" everywhere
 
 

@@ -7,6 +7,8 @@ from scipy.ndimage import gaussian_filter
 
 from distsplat.train.losses import photometric_loss, psnr, ssim, ssim_map
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 
 def scipy_ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Wang et al. SSIM with an 11-tap sigma-1.5 window and zero padding, per channel."""

@@ -28,6 +28,8 @@ from distsplat.train.lpips import LPIPS, load_lpips
 tm = pytest.importorskip("torchmetrics")
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure  # noqa: E402
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 THERMOS = data_dir() / "thermos"
 
 

@@ -4,9 +4,12 @@ inv(inv(viewmat) @ T), computed here with general matrix inverses."""
 
 import math
 
+import pytest
 import torch
 
 from distsplat.train.pose_opt import PoseCorrections, perturb_poses, rotation_6d_to_matrix
+
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 
 
 def _viewmats(C: int) -> torch.Tensor:

@@ -11,6 +11,8 @@ from distsplat.render import project, rasterize
 from tests.unit.dense_reference import dense_render
 from tests.unit.scenes import GAUSSIAN_KEYS, random_scene, render_args, with_grad
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 
 def one_gaussian_scene(mean_xy=(0.0, 0.0), depth=2.0, scale=0.05, opacity=0.8, color=(1.0, 1.0, 1.0)):
     W, H, f = 33, 25, 40.0

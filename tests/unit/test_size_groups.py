@@ -19,6 +19,8 @@ from distsplat.render import rasterize
 from distsplat.train.size_groups import group_cameras, group_images, merge_meta, size_groups
 from distsplat.train.strategies import DefaultStrategy
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 
 def test_groups_are_ordered_by_height_then_width_and_keep_batch_order():
     widths = [40, 24, 40, 32, 24, 40]

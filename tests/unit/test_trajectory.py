@@ -7,6 +7,8 @@ import pytest
 from distsplat.data import make_synthetic_scene
 from distsplat.train.trajectory import camera_path, ellipse_path, focus_point, interpolated_path
 
+pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
+
 
 @pytest.fixture
 def c2w():
