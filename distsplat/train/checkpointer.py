@@ -48,9 +48,11 @@ class Checkpointer:
         self.cameras_written = False  # cameras.json (rank 0), with the first save
         self._warned_newer = False
 
-    def save(self, t: "Trainer", step: int) -> bool:
+    def save(self, t: "Trainer", step: int, interim: bool = False) -> bool:
         """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
-        full disk on any rank skips either on every rank, and training goes on (faults.py)."""
+        full disk on any rank skips either on every rank, and training goes on (faults.py).
+        `interim` (--save_every_minutes, a stop signal: preemption.py): the checkpoint alone,
+        marked to be pruned once a newer regular one is whole (checkpoint.prunable)."""
         ctx, root, cfg = self.ctx, self.root, t.cfg
         counts = gather_counts(len(t.params["means"]), self.device)
         t.n_all = sum(counts)
@@ -72,7 +74,7 @@ class Checkpointer:
                      "batcher": {**t.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
                      "frame": frame_info(t.scene.transform, NORMALIZED),  # the checkpoint's Gaussians' world
                      "lr_batch": t.lr_batch, **({"balance": balance} if balance else {})}
-            ck.finalize(root, step, counts, state, keep=cfg.keep_ckpts)
+            ck.finalize(root, step, counts, state, keep=cfg.keep_ckpts, interim=interim)
             newer = ck.newer_checkpoints(root, step)
             if newer and not self._warned_newer:
                 self._warned_newer = True
@@ -81,7 +83,7 @@ class Checkpointer:
                             root, step, ", ".join(p.name for p in newer), root)
 
         saved = self.saves.checkpoint(step, payload, finalize)
-        if cfg.save_ply:
+        if cfg.save_ply and not interim:
             start = sum(counts[: ctx.rank])
             gaussians = dict(t.params) if t.app is None else t.app.baked(t.params)  # --app_opt: as gsplat
             if cfg.ply_frame == CAPTURE:
