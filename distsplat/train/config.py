@@ -78,7 +78,13 @@ class Config:
     keep_ckpts: int = 2
     """Complete checkpoints kept on disk (older ones are removed once a newer one is whole)."""
     ckpt: Optional[str] = None
-    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks."""
+    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks, whatever flags it was
+    saved with."""
+    resume: bool = True
+    """Without --ckpt, resume from the newest checkpoint in --result_dir/ckpts saved with the same flags that change
+    the result (docs/robustness.md lists the others): a requeued or restarted job goes on where it stopped, on any
+    number of ranks, and a finished run says so and writes nothing. A checkpoint there of other flags is refused,
+    naming them. --no-resume starts from step 0 (its saves replace the old checkpoints of the same steps)."""
     save_every_minutes: float = 30.0
     """Also save a checkpoint (without the PLY) once this many minutes have passed since the last save, by rank 0's
     clock, every rank at the same step: a dead rank or node then costs at most this much training. These interim

@@ -5,7 +5,7 @@ and time limit, Kubernetes, spot nodes). SIGTERM, SIGINT and SIGUSR1 on any rank
 forwards SIGTERM and SIGINT to its workers, SIGUSR1 with `--signals_to_handle`; under srun every
 rank may get the signal itself) make every rank finish its step, stop at the same step
 boundary, save one checkpoint (no PLY: it must fit a grace period) and return; the CLI says one
-line and exits EXIT_PREEMPTED; `--ckpt R/ckpts` resumes.
+line and exits EXIT_PREEMPTED, and the same command resumes (auto_resume.py).
 
 The handler only records the signal: Python runs it in the main thread between bytecodes, so
 a rank inside a collective, a decode or a save sees it when that call returns (the step, save
@@ -193,9 +193,9 @@ class Preemption:
         took = time.monotonic() - since
         if saved:
             line = (f"preempted at step {step} by {why}: checkpoint saved to {ck.step_dir(ckpt_root, step)} in "
-                    f"{took:.1f} s; --ckpt {ckpt_root} resumes")
+                    f"{took:.1f} s; the same command resumes")
         else:
             line = (f"preempted at step {step} by {why}: its checkpoint could not be saved (see the warning above); "
-                    f"{SaveGuard.last_complete(ckpt_root)}, and --ckpt {ckpt_root} resumes from it")
+                    f"{SaveGuard.last_complete(ckpt_root)}, and the same command resumes from it")
         metrics["preempted"] = {"step": step, "saved": saved, "seconds": took, "line": line}
         return metrics

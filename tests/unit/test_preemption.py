@@ -1,9 +1,12 @@
 """Preemption on one process (issue 44): the stop signals' handlers (real signals to this
-process) and the stop and save requests as every rank reads them back (which checkpoints
-pruning keeps: test_checkpoint.py)."""
+process), the stop and save requests as every rank reads them back, and what makes a
+checkpoint "of this run" (which checkpoints pruning keeps: test_checkpoint.py). The runs are in
+tests/distributed/test_preemption.py and test_slurm_example.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 from pathlib import Path
@@ -12,6 +15,8 @@ import pytest
 import torch
 
 from distsplat.distributed import DistContext
+from distsplat.train import auto_resume
+from distsplat.train.config import Config, default_config, mcmc_config
 from distsplat.train.faults import DivergenceGuard
 from distsplat.train.preemption import EXIT_PREEMPTED, Preemption, StopSignals
 
@@ -75,7 +80,7 @@ def test_requests_ride_on_the_divergence_check_and_are_decided_on_steps_every_ra
     metrics = p.stopped(True, 4, Path("/r/ckpts"), {})
     assert metrics["preempted"]["line"].startswith("preempted at step 4 by SIGTERM: checkpoint saved to "
                                                    "/r/ckpts/step_000004 in ")
-    assert metrics["preempted"]["line"].endswith(" s; --ckpt /r/ckpts resumes") and EXIT_PREEMPTED == 75
+    assert metrics["preempted"]["line"].endswith(" s; the same command resumes") and EXIT_PREEMPTED == 75
 
 
 def test_the_save_clock_asks_once_and_a_save_answers_the_requests_before_it():
@@ -89,3 +94,31 @@ def test_the_save_clock_asks_once_and_a_save_answers_the_requests_before_it():
     p.read(0, 0.0, 1.0)  # a request from before that save (read late, as on CUDA): answered already
     assert not p.save_due()
     assert Preemption(is_main=False, save_every_minutes=1e-9).local() == (False, False)  # rank 0's clock only
+
+
+def test_result_flags_are_the_command_line_as_typed_without_outputs_or_resources():
+    cfg = default_config()
+    flags = auto_resume.run_flags(cfg)
+    assert flags["strategy.type"] == "DefaultStrategy" and flags["strategy.grow_grad2d"] == 0.0002
+    assert flags["eval_steps"] == [7000, 30000] and "disable_viewer" not in flags  # the viewer's are not the trainer's
+    other = auto_resume.run_flags(dataclasses.replace(cfg, max_steps=5, save_steps=[1], num_workers=9,
+                                                      result_dir="x", backend="torch", seed=cfg.seed))
+    assert auto_resume.differing(flags, other) == []
+    changed = auto_resume.run_flags(dataclasses.replace(cfg, sh_degree=2, seed=7))
+    assert auto_resume.describe(auto_resume.differing(flags, changed)) == "--seed 42 there, 7 now; --sh_degree 3 there, 2 now"
+    mcmc = auto_resume.run_flags(mcmc_config())
+    assert "the subcommand (default | mcmc) DefaultStrategy there, MCMCStrategy now" in \
+        auto_resume.describe(auto_resume.differing(flags, mcmc))
+    # every name in NOT_RESULT is a flag (a typo there would make a flag count silently)
+    names = set(flags) | {f"strategy.{f.name}" for f in dataclasses.fields(type(cfg.strategy))}
+    assert auto_resume.NOT_RESULT <= names, auto_resume.NOT_RESULT - names
+    assert json.loads(json.dumps(flags)) == flags
+
+
+def test_no_checkpoint_plans_a_fresh_run_and_no_resume_says_what_it_replaces(tmp_path, caplog):
+    cfg = default_config()
+    cfg.result_dir = str(tmp_path / "r")
+    assert auto_resume.plan(cfg, CTX, auto_resume.run_flags(cfg)) == auto_resume.Plan()
+    cfg.ckpt = "somewhere"
+    assert auto_resume.plan(cfg, CTX, {}) == auto_resume.Plan(ckpt="somewhere")
+    assert isinstance(Config.resume, bool) and Config.save_every_minutes == 30.0
