@@ -160,14 +160,18 @@ def init_distributed(
     return ctx
 
 
-def _attempt_store(rank: int, world_size: int, timeout_s: float) -> dist.Store:
-    """The env:// store (torchrun's agent store, or rank 0's), its keys under this attempt's
-    prefix. torchrun's restarts (--max_restarts) keep the agent's store and init_process_group
-    uses the same keys every attempt, so a restarted rank could read a dead rank's address
-    (gloo: "connectFullMesh failed ... Connection refused") or NCCL id from the attempt before."""
+def _attempt_store(rank: int, world_size: int, timeout_s: float) -> Optional[dist.Store]:
+    """Under torchrun, the env:// store (torchrun's agent store, or rank 0's) with its keys under
+    this attempt's prefix: torchrun's restarts (--max_restarts) keep the agent's store and
+    init_process_group uses the same keys every attempt, so a restarted rank could read a dead
+    rank's address (gloo: "connectFullMesh failed ... Connection refused") or NCCL id from the
+    attempt before. None elsewhere: init_process_group's own env:// store."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
     store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timedelta(seconds=timeout_s)))
     store.set_timeout(timedelta(seconds=timeout_s))
-    return dist.PrefixStore(f"distsplat/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(f"distsplat/attempt_{attempt}", store)
 
 
 def _check_gpus_per_node(local_rank: int) -> None:
