@@ -1,7 +1,8 @@
 """The trainer's command line (wrapped by `distsplat.app`, which adds the viewer): parse (tyro, subcommands `default`
 and `mcmc` as gsplat's simple_trainer; gsplat's flags that distsplat does not take), run one
 rank's training (`Trainer.run` owns its lifecycle), and turn a failure into one line and an
-exit code (2: bad input, 1: any other failure). Runs unchanged under `python` (one process)
+exit code (2: bad input, 1: any other failure, 75: stopped by a signal with its checkpoint saved,
+train/preemption.py). Runs unchanged under `python` (one process)
 and `torchrun --nproc_per_node=W` (gloo on CPU, nccl on GPUs). It sits beside the app, above
 train/ (docs/design.md layers): train never parses the command line."""
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from .distributed import destroy, init_distributed, is_peer_failure, record_for_launcher, setup_logging
 from .train.config import Config, default_config, mcmc_config
+from .train.preemption import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from .train.trainer import Extension
@@ -144,7 +146,8 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
          configs: Optional[Dict[str, tuple]] = None) -> None:
     """Parses, runs, and turns a failure into one line naming the rank and what to do: exit
     2 for bad input (no traceback), 1 otherwise (a traceback only on the rank whose own
-    code failed; a rank stopped by a peer's failure names that peer instead)."""
+    code failed; a rank stopped by a peer's failure names that peer instead). A run stopped
+    by a signal says one line (rank 0) and exits EXIT_PREEMPTED on every rank."""
     try:
         cfg = parse(args, configs)
     except ValueError as e:  # a gsplat flag distsplat does not take: the same on every rank, said by rank 0
@@ -158,6 +161,8 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
             traceback.print_exc()
         report = getattr(e, "report", None) or f"rank {_rank()} failed: {type(e).__name__}: {e}"
         _fail(f"distsplat: {report}", 1)
+    if "preempted" in metrics:  # every rank saved the same step: rank 0 says it, every rank exits alike
+        _fail(f"distsplat: {metrics['preempted']['line']}", EXIT_PREEMPTED, quiet=_rank() != 0, wait=False)
     if _rank() == 0 and "val_psnr" in metrics:
         lpips = metrics.get("val_lpips")
         took = f" in {metrics['val_elapsed']:.1f} s" if "val_elapsed" in metrics else " (eval only)"
@@ -175,14 +180,15 @@ def exit_bad_input(e: ValueError) -> None:
     _fail(f"distsplat: error{f' on rank {rank}' if rank else ''}: {e}", 2, quiet=agreed and _local_rank() != 0)
 
 
-def _fail(line: str, code: int, quiet: bool = False) -> None:
+def _fail(line: str, code: int, quiet: bool = False, wait: bool = True) -> None:
     """Exits with `code` after writing `line` to stderr (unless `quiet`: another rank says
-    the same) and into torchrun's error file (always: its summary lists every rank)."""
+    the same) and into torchrun's error file (always: its summary lists every rank). A quiet
+    rank waits for rank 0 to say it first, unless not `wait` (a stop in a grace period)."""
     if not quiet:  # one write: print's separate newline lets the ranks' lines run into each other
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
     record_for_launcher(line)  # torchrun's summary shows the line, not "To enable traceback"
-    if quiet:  # torchrun stops the other ranks when the first one exits: let rank 0 say it first
+    if quiet and wait:  # torchrun stops the other ranks when the first one exits: let rank 0 say it first
         time.sleep(QUIET_EXIT_DELAY_S)
     sys.exit(code)
 

@@ -22,7 +22,8 @@ from .context import (
     setup_logging,
     world_size,
 )
-from .failures import PeerFailure, describe_failure, is_peer_failure, raise_together, record_for_launcher
+from .failures import (PeerFailure, describe_failure, failure_recorded, is_peer_failure, raise_together,
+                       record_for_launcher)
 from .partition import chunk_bounds, gather_counts, local_chunk, move_rows
 from .render import distributed_rasterize
 from . import staging  # noqa: E402  (a module, for staging.host_syncs())
@@ -31,5 +32,6 @@ __all__ = [
     "CameraBatch", "CameraBatcher", "DistContext", "all_reduce_max", "all_reduce_sum",
     "barrier", "broadcast", "chunk_bounds", "destroy", "distributed_rasterize", "init_distributed",
     "gather_counts", "local_chunk", "move_rows", "rank", "setup_logging", "world_size",
-    "PeerFailure", "describe_failure", "is_peer_failure", "raise_together", "record_for_launcher",
+    "PeerFailure", "describe_failure", "failure_recorded", "is_peer_failure", "raise_together",
+    "record_for_launcher",
 ]

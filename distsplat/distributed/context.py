@@ -109,7 +109,9 @@ def init_distributed(
     ValueError raised before joining the group (NCCL refuses two ranks on one GPU).
 
     `timeout_s` bounds every collective (default: $DISTSPLAT_TIMEOUT_S or 600 s), so a
-    rank that died or diverged turns into an error on its peers instead of a hang.
+    rank that died or diverged turns into an error on its peers instead of a hang. The
+    group's store keys live under torchrun's attempt (TORCHELASTIC_RESTART_COUNT), so the
+    workers torchrun restarts after a rank died never meet the dead attempt's addresses.
     Calling it again in a process whose group exists returns the same layout."""
     if timeout_s is None:
         timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
@@ -142,7 +144,7 @@ def init_distributed(
     else:
         dist.init_process_group(
             backend=backend, rank=rank, world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=timeout_s), store=_attempt_store(rank, world_size, timeout_s),
         )
     staging.set_shared_device(device if shared else None)
     ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank,
@@ -156,6 +158,20 @@ def init_distributed(
             SHARED_GPU_ENV, world_size, device)
     logger.info("joined process group: %s", ctx)
     return ctx
+
+
+def _attempt_store(rank: int, world_size: int, timeout_s: float) -> Optional[dist.Store]:
+    """Under torchrun, the env:// store (torchrun's agent store, or rank 0's) with its keys under
+    this attempt's prefix: torchrun's restarts (--max_restarts) keep the agent's store and
+    init_process_group uses the same keys every attempt, so a restarted rank could read a dead
+    rank's address (gloo: "connectFullMesh failed ... Connection refused") or NCCL id from the
+    attempt before. None elsewhere: init_process_group's own env:// store."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timedelta(seconds=timeout_s)))
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"distsplat/attempt_{attempt}", store)
 
 
 def _check_gpus_per_node(local_rank: int) -> None:

@@ -34,7 +34,8 @@ from .context import DistContext, all_reduce_sum, broadcast, world_size
 log = logging.getLogger(__name__)
 
 MESSAGE_BYTES = 4096  # the broadcast message buffer; longer messages are cut
-FAILURE_KEY = "distsplat/failed/"
+FAILURE_KEY = "distsplat/failed/"  # in the group's store: its keys are per torchrun attempt (context.py)
+FAILURES_COUNT = "distsplat/failures"  # how many ranks left a record
 BAD_INPUT, OTHER = 1, 2  # per-rank failure kinds in raise_together's vector
 
 # What gloo says (as a plain RuntimeError) when the other side of a collective is gone or
@@ -124,6 +125,7 @@ def describe_failure(ctx: DistContext, error: BaseException, where: str, wait_s:
         return f"rank {ctx.rank} failed {where}: {text}"
     try:
         store.set(f"{FAILURE_KEY}{ctx.rank}", json.dumps({"peer": peer, "error": text, "where": where}))
+        store.add(FAILURES_COUNT, 1)  # one key for `failure_recorded` to read
     except Exception:  # noqa: BLE001 - the store may be gone with its host
         store = None
     if not peer:
@@ -136,6 +138,20 @@ def describe_failure(ctx: DistContext, error: BaseException, where: str, wait_s:
         return (head + f"; {_ranks(silent)} reported no error: killed (e.g. out of memory, "
                 f"SIGKILL) or stuck; see {'their' if len(silent) > 1 else 'its'} log")
     return head + "; every rank reports a broken collective: the ranks ran different collectives (a bug)"
+
+
+def failure_recorded() -> bool:
+    """Whether any rank has left a failure record (describe_failure) in the process group's
+    store: the run is failing. One round trip; False without a store or when it is gone. Safe
+    from a thread other than the main one (preemption.py's watcher asks it while the main
+    thread may be stuck)."""
+    store = _store()
+    if store is None:
+        return False
+    try:
+        return store.add(FAILURES_COUNT, 0) > 0
+    except Exception:  # noqa: BLE001 - the store may be gone with its host
+        return False
 
 
 def _peer_records(store, ctx: DistContext, wait_s: float) -> Tuple[List[Tuple[int, str, str]], List[int]]:

@@ -16,7 +16,10 @@ it only ever appears or disappears by one rename.
   - Pruning renames a checkpoint to `step_NNNNNN.pruned` before deleting it, so a kill
     mid-delete never leaves a meta.json beside missing shards. Only checkpoints at or
     below the step just written are pruned: newer ones belong to another run writing
-    into the same directory.
+    into the same directory. An *interim* checkpoint (meta.json's `interim`: saved by
+    --save_every_minutes or at a stop signal, train/preemption.py) only bridges the time
+    to the next regular one: it is kept while newer than every regular checkpoint (the
+    `keep` newest of those), and a regular one is only pruned by regular ones.
   - `begin` (rank 0, before every save) deletes what earlier kills left (`.tmp`, `.pruned`)
     and puts back a `.replaced` whose new version never arrived.
 
@@ -136,11 +139,12 @@ def write_shard(ckpt_root: Path, step: int, rank: int, payload: Dict[str, Any]) 
 
 
 def finalize(
-    ckpt_root: Path, step: int, counts: List[int], state: Dict[str, Any], keep: int = 2
+    ckpt_root: Path, step: int, counts: List[int], state: Dict[str, Any], keep: int = 2, interim: bool = False
 ) -> Path:
     """Rank 0, after every rank's write_shard: meta.json with row ranges and checksums,
-    then the atomic rename; prunes all but the `keep` newest complete checkpoints at or
-    below `step` (keep <= 0 keeps all)."""
+    then the atomic rename; prunes the complete checkpoints at or below `step` that
+    `prunable` lists (keep <= 0 keeps all). `interim`: a checkpoint that only bridges the
+    time to the next regular one (--save_every_minutes, a stop signal)."""
     root = Path(ckpt_root)
     d, final = tmp_dir(root, step), step_dir(root, step)
     starts = [sum(counts[:r]) for r in range(len(counts))]
@@ -152,6 +156,8 @@ def finalize(
         "format": FORMAT, "step": step, "world_size": len(counts),
         "num_gaussians": sum(counts), "shards": shards, "state": state,
     }
+    if interim:
+        meta["interim"] = True
     meta["meta_sha256"] = _meta_digest(meta)
     with open(d / META, "w") as f:
         json.dump(meta, f, indent=1)
@@ -168,10 +174,30 @@ def finalize(
     if old.exists():
         shutil.rmtree(old)
     if keep > 0:
-        done = [p for p in complete_checkpoints(root) if _step_of(p) <= step]
-        for p in done[:-keep]:
+        for p in prunable([p for p in complete_checkpoints(root) if _step_of(p) <= step], keep):
             _remove(p)
     return final
+
+
+def prunable(done: Sequence[Path], keep: int) -> List[Path]:
+    """Of complete checkpoints `done` (oldest first), those to prune: all but the `keep`
+    newest regular ones and the `keep` newest interim ones newer than every regular one (an
+    interim checkpoint bridges the time to the next regular save, and never pushes a
+    --save_steps one out)."""
+    interim = {p: is_interim(p) for p in done}
+    regular = [p for p in done if not interim[p]]
+    last = _step_of(regular[-1]) if regular else -1
+    kept = set(regular[-keep:]) | set([p for p in done if interim[p] and _step_of(p) > last][-keep:])
+    return [p for p in done if p not in kept]
+
+
+def is_interim(ckpt: Path) -> bool:
+    """Whether the checkpoint at `ckpt` is interim (meta.json's flag); an unreadable
+    meta.json counts as regular (kept: nothing is deleted on a guess)."""
+    try:
+        return json.loads((Path(ckpt) / META).read_text()).get("interim") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _remove(ckpt: Path) -> None:

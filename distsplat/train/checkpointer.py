@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -48,9 +48,11 @@ class Checkpointer:
         self.cameras_written = False  # cameras.json (rank 0), with the first save
         self._warned_newer = False
 
-    def save(self, t: "Trainer", step: int) -> bool:
+    def save(self, t: "Trainer", step: int, interim: bool = False) -> bool:
         """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
-        full disk on any rank skips either on every rank, and training goes on (faults.py)."""
+        full disk on any rank skips either on every rank, and training goes on (faults.py).
+        `interim` (--save_every_minutes, a stop signal: preemption.py): the checkpoint alone,
+        marked to be pruned once a newer regular one is whole (checkpoint.prunable)."""
         ctx, root, cfg = self.ctx, self.root, t.cfg
         counts = gather_counts(len(t.params["means"]), self.device)
         t.n_all = sum(counts)
@@ -68,20 +70,21 @@ class Checkpointer:
 
         def finalize() -> None:  # rank 0, once every shard is written
             epoch, in_epoch = t._batch_pos(step)
-            state = {"config": cfg.to_dict(), "scene": scene_fingerprint(t.scene, t.width, t.height),
+            # flags: the command line's, before the schedule was scaled (auto_resume.py compares them)
+            state = {"config": cfg.to_dict(), "flags": t.flags, "scene": scene_fingerprint(t.scene, t.width, t.height),
                      "batcher": {**t.batcher.state_dict(), "epoch": epoch, "step": in_epoch},
                      "frame": frame_info(t.scene.transform, NORMALIZED),  # the checkpoint's Gaussians' world
                      "lr_batch": t.lr_batch, **({"balance": balance} if balance else {})}
-            ck.finalize(root, step, counts, state, keep=cfg.keep_ckpts)
+            ck.finalize(root, step, counts, state, keep=cfg.keep_ckpts, interim=interim)
             newer = ck.newer_checkpoints(root, step)
-            if newer and not self._warned_newer:
+            if newer and not self._warned_newer and not t.resume.found:  # found: said at start (auto_resume.py)
                 self._warned_newer = True
                 log.warning("%s holds checkpoints newer than this run's step %d (%s), from another "
                             "run: they are kept, and --ckpt %s resumes from the newest of them",
                             root, step, ", ".join(p.name for p in newer), root)
 
         saved = self.saves.checkpoint(step, payload, finalize)
-        if cfg.save_ply:
+        if cfg.save_ply and not interim:
             start = sum(counts[: ctx.rank])
             gaussians = dict(t.params) if t.app is None else t.app.baked(t.params)  # --app_opt: as gsplat
             if cfg.ply_frame == CAPTURE:
@@ -94,16 +97,21 @@ class Checkpointer:
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
 
-    def resume(self, t: "Trainer", path: str) -> None:
-        """Loads this rank's chunk of a checkpoint written by any number of ranks."""
+    def resume(self, t: "Trainer", path: str, found: bool = False, verified: bool = False) -> None:
+        """Loads this rank's chunk of a checkpoint written by any number of ranks. `found`: the
+        checkpoint was found in --result_dir (auto_resume.py), not named by --ckpt; `verified`:
+        the shards this rank reads passed their checksums there already."""
         cfg, ctx = t.cfg, self.ctx
         meta = ck.read_meta(Path(path))
         saved = meta["state"].get("scene", {})
         mine = scene_fingerprint(t.scene, t.width, t.height)
         if saved != mine:
+            source, instead = ((f"{meta['dir']} (the newest checkpoint of this run's flags in --result_dir)",
+                                "pass --no-resume to start over, or another --result_dir") if found else
+                               (f"--ckpt {meta['dir']}", "start without --ckpt"))
             raise ck.CheckpointError(
-                f"--ckpt {meta['dir']} was written for another scene ({saved}) than this one "
-                f"({mine}); pass the matching --data_dir or start without --ckpt"
+                f"{source} was written for another scene ({saved}) than this one "
+                f"({mine}); pass the matching --data_dir or {instead}"
             )
         check_app_resume(meta["state"].get("config", {}), cfg, meta["dir"])
         saved_sh = meta["state"].get("config", {}).get("sh_degree", cfg.sh_degree)
@@ -115,9 +123,10 @@ class Checkpointer:
         n_all = meta["num_gaussians"]
         bounds = chunk_bounds(n_all, ctx.world_size)[ctx.rank]
         same_w = meta["world_size"] == ctx.world_size
-        # Every shard this rank reads, its own too on the same W (the RNG state): a bad one
-        # raises on this rank, and the run's setup agreement makes every rank raise it.
-        ck.verify_shards(meta, ck.shards_for_rows(meta, *bounds) + ([ctx.rank] if same_w else []))
+        # Every shard this rank reads: a bad one raises on this rank, and the run's setup
+        # agreement makes every rank raise it.
+        if not verified:
+            ck.verify_shards(meta, shards_to_read(meta, ctx))
         rows = ck.read_rows(meta, *bounds, verify=False)
         extra = ck.load_rows_into(rows, t.params, t.optimizers, self.device)
         if "uid" not in extra:
@@ -144,8 +153,17 @@ class Checkpointer:
             t.balance.load_state_dict(meta["state"].get("balance"))
             t.batch_start = t.batcher.epoch * t.batcher.steps_per_epoch + t.batcher.step
         if ctx.is_main:
-            log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
-                     t.start_step, n_all, meta["world_size"], ctx.world_size)
+            log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)%s", meta["dir"],
+                     t.start_step, n_all, meta["world_size"], ctx.world_size,
+                     "; the newest checkpoint of this run's flags in --result_dir (--no-resume starts over)"
+                     if found else "")
+
+
+def shards_to_read(meta: Dict[str, Any], ctx: DistContext) -> List[int]:
+    """The shards a resume on this rank reads: those holding its rows on this W, and its own
+    on the same W (its RNG state)."""
+    bounds = chunk_bounds(meta["num_gaussians"], ctx.world_size)[ctx.rank]
+    return ck.shards_for_rows(meta, *bounds) + ([ctx.rank] if meta["world_size"] == ctx.world_size else [])
 
 
 def scene_fingerprint(scene: Any, width: int, height: int) -> Dict[str, Any]:

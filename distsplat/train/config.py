@@ -78,7 +78,18 @@ class Config:
     keep_ckpts: int = 2
     """Complete checkpoints kept on disk (older ones are removed once a newer one is whole)."""
     ckpt: Optional[str] = None
-    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks."""
+    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks, whatever flags it was
+    saved with."""
+    resume: bool = True
+    """Without --ckpt, resume from the newest checkpoint in --result_dir/ckpts saved with the same flags that change
+    the result (docs/robustness.md lists the others): a requeued or restarted job goes on where it stopped, on any
+    number of ranks, and a finished run says so and writes nothing. A checkpoint there of other flags is refused,
+    naming them. --no-resume starts from step 0 (its saves replace the old checkpoints of the same steps)."""
+    save_every_minutes: float = 30.0
+    """Also save a checkpoint (without the PLY) once this many minutes have passed since the last save, by rank 0's
+    clock, every rank at the same step: a dead rank or node then costs at most this much training. These interim
+    checkpoints (and a stop signal's) are pruned once a newer --save_steps or final one is whole, at most
+    --keep_ckpts of them kept. 0: off."""
 
     init_type: Literal["auto", "sfm", "random"] = "auto"
     """Initial Gaussians: sfm (the scene's sparse points; an error when it has none), random (--init_num_pts
@@ -301,6 +312,8 @@ class Config:
             (self.num_workers >= 1 and self.prefetch >= 1, "--num_workers/--prefetch", "must be >= 1"),
             (self.max_bad_steps >= 0, "--max_bad_steps", f"must be >= 0, got {self.max_bad_steps}"),
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
+            (math.isfinite(self.save_every_minutes) and self.save_every_minutes >= 0, "--save_every_minutes",
+             f"must be >= 0 (0: off), got {self.save_every_minutes}"),
             (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
             (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),
             (math.isfinite(self.depth_lambda) and self.depth_lambda >= 0, "--depth_lambda", "must be >= 0"),

@@ -35,6 +35,13 @@ has read at the same step: once --max_bad_steps bad steps in a row are read, eve
 saves the last good state (a bad step changed nothing) and raises `DivergenceError` at the
 same step. On CPU every copy is complete: each step's flags are read and decided right
 after it, exactly when the read inside the step used to decide.
+
+A stop signal, a timed save (issue 44).  The same all-reduce carries two more numbers per
+step: how many ranks got a stop signal, and whether rank 0's clock says a
+--save_every_minutes checkpoint is due (train/preemption.py). They are read and settled with
+the flags, so every rank stops or saves at the same step, at no extra collective (the reason
+this per-step all-reduce, not a new one, carries them); with --max_bad_steps 0 it still runs
+for them, without the finiteness test.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import os
 import shutil
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
 import torch
 from torch import Tensor
@@ -216,12 +223,32 @@ def _cuda_event() -> "torch.cuda.Event":
     return event
 
 
+class StepRequests(Protocol):
+    """What else rides on the divergence check's all-reduce (train/preemption.py): this rank's
+    requests of a step, summed over the ranks and read back in step order like the flags."""
+
+    def local(self) -> Tuple[bool, bool]:
+        """(stop, save) this rank asks for at this step."""
+
+    def read(self, step: int, stops: float, saves: float) -> None:
+        """Step `step`'s sums over the ranks, read on the host in step order."""
+
+    def settle(self, agreed: int) -> None:
+        """Every flag of the steps before `agreed` has been read, on every rank alike."""
+
+
 class DivergenceGuard:
     """Finds steps whose loss or gradients are not finite on any rank, the same step on all:
-    on the device in the step (`check`), on the host later (`poll`)."""
+    on the device in the step (`check`), on the host later (`poll`). With `requests`, its
+    all-reduce carries two more numbers per step, the ranks' stop and save requests
+    (preemption.py), read and settled with the flags: at no extra collective, and on every
+    rank at the same step. The all-reduce then runs with --max_bad_steps 0 too (the
+    finiteness test is off, the requests still ride)."""
 
-    def __init__(self, ctx: DistContext, device: torch.device, max_bad_steps: int):
+    def __init__(self, ctx: DistContext, device: torch.device, max_bad_steps: int,
+                 requests: Optional[StepRequests] = None):
         self.ctx, self.device, self.max_bad = ctx, device, max_bad_steps
+        self.requests = requests
         self.in_a_row = 0
         self.skipped = 0
         self.first_bad: Optional[int] = None  # first step of the current run of bad steps
@@ -234,19 +261,31 @@ class DivergenceGuard:
         """After backward: found_inf [] float32 on the device, 1.0 when any rank's loss or
         gradients hold NaN/Inf (the same on every rank), else 0.0; also kept as `found`.
         One all-reduce of W flags and no host read: the flags are queued for `poll`. None
-        without either when the check is off (--max_bad_steps 0)."""
+        without either when the check is off (--max_bad_steps 0) and no requests ride on it.
+        With requests the all-reduced vector is [W + 2]: the flags, then the number of ranks
+        asking to stop and to save."""
         self.found = None
-        if self.max_bad <= 0:
+        check = self.max_bad > 0
+        if not check and self.requests is None:
             return None
         W, r = self.ctx.world_size, self.ctx.rank
-        # Sums propagate NaN and Inf: one finiteness test of W+1 scalars, no [N] mask kept.
-        sums = [loss.detach().float().reshape(())]
-        sums += [p.grad.detach().float().sum() for p in params.values() if p.grad is not None]
-        flags = torch.zeros(W, device=self.device)  # [W]
-        flags[r] = (~torch.isfinite(torch.stack(sums))).any().float()
-        flags = all_reduce_sum(flags)  # [W] every rank's flag
+        flags = torch.zeros(W + (2 if self.requests is not None else 0), device=self.device)  # [W (+ 2)]
+        if check:
+            # Sums propagate NaN and Inf: one finiteness test of W+1 scalars, no [N] mask kept.
+            sums = [loss.detach().float().reshape(())]
+            sums += [p.grad.detach().float().sum() for p in params.values() if p.grad is not None]
+            flags[r] = (~torch.isfinite(torch.stack(sums))).any().float()
+        if self.requests is not None:  # host bools: a write only when one is set (rarely)
+            stop, save = self.requests.local()
+            if stop:
+                flags[W] = 1.0
+            if save:
+                flags[W + 1] = 1.0
+        flags = all_reduce_sum(flags)  # every rank's flag (and the requests' sums)
         self.reader.push(step, flags)
-        self.found = (flags.sum() > 0).float()  # []
+        if not check:
+            return None
+        self.found = (flags[:W].sum() > 0).float()  # []
         return self.found
 
     def poll(self, done: int, flush: bool) -> bool:
@@ -267,10 +306,15 @@ class DivergenceGuard:
             if item is None:
                 break
             self._read(*item)
+        if self.requests is not None:
+            self.requests.settle(agreed)
         return self.diverged and self.last_bad < agreed
 
     def _read(self, step: int, flags: List[float]) -> None:
-        ranks = [q for q, f in enumerate(flags) if f]
+        W = self.ctx.world_size
+        if self.requests is not None:
+            self.requests.read(step, flags[W], flags[W + 1])
+        ranks = [q for q, f in enumerate(flags[:W]) if f]
         if not ranks:
             self.in_a_row, self.first_bad = 0, None
             return

@@ -7,11 +7,13 @@
     loss   = photometric loss of own cameras / global batch (+ regularizers)
     backward (the reverse exchange), per-rank Adam on local Gaussians
     densification on local Gaussians; rebalance when ranks drift apart
-    eval / checkpoint / PLY at their steps
+    eval / checkpoint / PLY at their steps; a stop signal on any rank: save and stop
 
-run() is one rank's lifecycle: flags agreed, setup() (no collective) agreed, extensions attached
+run() is one rank's lifecycle: flags agreed, the checkpoint to resume from agreed (--ckpt's, or
+the newest of this run in --result_dir), setup() (no collective) agreed, extensions attached
 (the viewer, by distsplat.app), train() (or eval_only() / render_only()), cleanup(). Features are
-modules it calls (checkpointer.py, rebalance.py, evaluate.py, video.py, model_init.py, progress.py).
+modules it calls (checkpointer.py, auto_resume.py, preemption.py, rebalance.py, evaluate.py,
+video.py, model_init.py, progress.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from .strategies import MCMCStrategy
 from .outputs import TensorBoard, open_outputs
 from .run_checks import agree, check_flags
 from .faults import DivergenceGuard
+from . import auto_resume
+from .preemption import Preemption
 from .balance import Balancer, WorkMeter
 from .rebalance import Rebalancer, move_gaussians
 from ..profiling import StepRanges
@@ -78,7 +82,13 @@ class Trainer:
         self.end_hooks: List[Callable[["Trainer"], None]] = []
         self.where = "during setup"  # for failure reports: what this rank was doing
         self.checkpointer = Checkpointer(ctx, self.device, self.result_dir)  # save, resume (a full disk skips a save)
-        self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps)  # NaN/Inf steps are skipped
+        # The flags as typed (check_flags scales the schedule later): what makes a checkpoint "of this run"
+        self.flags = auto_resume.run_flags(cfg)
+        self.resume = auto_resume.Plan(ckpt=cfg.ckpt)  # where setup resumes from (run(): auto_resume.plan)
+        # Stop signals and --save_every_minutes: requests that ride on the divergence check's all-reduce
+        self.preemption = Preemption(ctx.is_main, cfg.save_every_minutes)
+        self.divergence = DivergenceGuard(ctx, self.device, cfg.max_bad_steps,  # NaN/Inf steps are skipped
+                                          self.preemption)
         self.ranges = StepRanges()  # named parts of train_step for torch.profiler (benchmarks time them)
         self.work = WorkMeter(ctx, self.device)  # how evenly the ranks share each step's pairs (balance.py)
         self.rebalancer = Rebalancer(ctx, self.device, cfg.rebalance_ratio, cfg.balance_pairs, cfg.balance_pairs_ratio)
@@ -92,7 +102,14 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         closers = []
         try:
+            self.preemption.install(cfg)  # from here a stop signal saves and stops at a step boundary
             check_flags(cfg, ctx)  # the same on every rank: a bad flag is one line, before anything is written
+            # --ckpt's, or the newest checkpoint of this run in --result_dir (a requeued job goes on)
+            self.resume = auto_resume.plan(cfg, ctx, self.flags)
+            if self.resume.finished is not None:  # the same command again on a finished run: nothing to do
+                if ctx.is_main:
+                    log.info("%s", self.resume.finished)
+                return {"finished": True}
 
             def setup() -> None:
                 self.setup()
@@ -109,9 +126,11 @@ class Trainer:
                 return self.render_only()
             return self.train()
         except Exception as e:
+            self.preemption.abandon()  # no save can follow: a stop signal ends this rank as it used to
             e.report = describe_failure(ctx, e, self.where)  # type: ignore[attr-defined]
             raise
         finally:
+            self.preemption.restore()
             for close in reversed(closers):
                 if close is not None:
                     close()
@@ -159,10 +178,10 @@ class Trainer:
         self.start_step = 0
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         self._saved_lr_batch = None  # a resumed run's learning-rate scaling (batch_scaling.py)
-        if cfg.ckpt is not None:
-            self.checkpointer.resume(self, cfg.ckpt)
+        if self.resume.ckpt is not None:
+            self.checkpointer.resume(self, self.resume.ckpt, self.resume.found, self.resume.verified)
         # The renders do not check the parameters every step: here, where they come from
-        check_finite_params(self.params, f"--ckpt {cfg.ckpt}" if cfg.ckpt is not None else
+        check_finite_params(self.params, f"--ckpt {self.resume.ckpt}" if self.resume.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")
         self._init_memory_guard()
         # Bad --lpips_* files are setup's errors; weights missing from the usual places are
@@ -252,22 +271,26 @@ class Trainer:
         self._scale_lrs()  # the learning rates for the global batch (one all-reduce: not in setup)
         self._open_outputs()
         self.evaluator.ready(len(self.test_idx))  # LPIPS said (and fetched) before the steps, not at the first eval
-        eval_steps = {s for s in cfg.eval_steps if s > 0}
-        save_steps = {s for s in cfg.save_steps if s > 0}
-        # The final state is always evaluated and saved, whatever --max_steps cuts off.
-        eval_steps.add(cfg.max_steps)
-        save_steps.add(cfg.max_steps)
+        # The final state is saved and evaluated after the loop, whatever --max_steps cuts off
+        eval_steps = {s for s in cfg.eval_steps if 0 < s < cfg.max_steps}
+        save_steps = {s for s in cfg.save_steps if 0 < s < cfg.max_steps}
         progress = Progress(ctx.is_main, self.start_step, cfg.max_steps, self.device)  # rank 0's bar or log lines
+        self.preemption.start()  # --save_every_minutes counts from here
         for step in range(self.start_step, cfg.max_steps):
             self.where = f"at step {step}"
             loss = self.train_step(step).detach()
             done = step + 1
             progress.add(loss, self.divergence.found)  # a NaN/Inf step is skipped on every rank, its loss left out
             log_step = progress.is_log_step(done, cfg.log_every)
-            # The flags are read on the host lazily, all of them before a log, save or eval (faults.py)
+            # The flags are read on the host lazily, all of them before a log, save or eval (faults.py);
+            # with them the ranks' stop and save requests (preemption.py)
             if self.divergence.poll(done, flush=log_step or done in save_steps or done in eval_steps):
                 # --max_bad_steps in a row: keep the last good state (no bad step changed it), stop
                 raise self.divergence.error(self.save(done), self.result_dir / "ckpts", done)
+            if self.preemption.stop_due():  # a stop signal on any rank: every rank saves this step and stops
+                self.where = f"saving the checkpoint of step {done} after a stop signal"
+                saved = self.save(done, interim=done not in save_steps)  # a --save_steps step stays one
+                return self.preemption.stopped(saved, done, self.result_dir / "ckpts", self.metrics)
             if log_step:  # one sync for the loss, one all-reduce for the work summary
                 progress.report(done, self.n_all, self.metrics, self.work.summary)
             progress.update()
@@ -275,13 +298,19 @@ class Trainer:
                 self.tb.scalars(done, {"train/loss": self.metrics["loss"], "train/num_GS": self.n_all})
             for hook in self.step_hooks:
                 hook(self, done)
-            if done in save_steps:
+            if done in save_steps or self.preemption.save_due():  # save_due: --save_every_minutes, rank 0's clock
                 self.where = f"saving the checkpoint of step {done}"
-                self.save(done)
+                self.save(done, interim=done not in save_steps)
             if done in eval_steps:
                 self.where = f"evaluating step {done}"
                 self.eval(done, progress.elapsed())
         progress.close()
+        # The final state (also when a launch finds the final checkpoint without its PLY or evaluation:
+        # auto_resume.py resumes it at --max_steps, nothing left to train)
+        self.where = f"saving the checkpoint of step {cfg.max_steps}"
+        self.save(cfg.max_steps)
+        self.where = f"evaluating step {cfg.max_steps}"
+        self.eval(cfg.max_steps, progress.elapsed())
         self.checkpointer.saves.report_end(self.metrics)  # which saves a full disk skipped
         self.where = "after training"
         for hook in self.end_hooks:
@@ -434,9 +463,12 @@ class Trainer:
             self.result_dir, self.start_step))
         return self.metrics
 
-    def save(self, step: int) -> bool:
-        """Checkpoint and PLY of `step` (checkpointer.py); every rank calls it. False: a full disk skipped it."""
-        return self.checkpointer.save(self, step)
+    def save(self, step: int, interim: bool = False) -> bool:
+        """Checkpoint and PLY of `step` (checkpointer.py; `interim`: the checkpoint alone, pruned once a newer
+        regular one is whole); every rank calls it. False: a full disk skipped it."""
+        saved = self.checkpointer.save(self, step, interim)
+        self.preemption.saved(step, interim)  # --save_every_minutes counts from the last save
+        return saved
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self) -> None:

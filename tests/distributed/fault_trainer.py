@@ -75,10 +75,10 @@ def install_free(step: int) -> None:
     collective: the other ranks' writes of that save come after)."""
     save = trainer_mod.Trainer.save
 
-    def freeing_save(self, s):
+    def freeing_save(self, s, *args, **kwargs):
         if s == step:
             Path(os.environ["DISTSPLAT_BALLAST"]).unlink()
-        return save(self, s)
+        return save(self, s, *args, **kwargs)
 
     trainer_mod.Trainer.save = freeing_save
 

@@ -2,6 +2,7 @@
 and continuation; partial and corrupt checkpoints are never used."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,3 +258,28 @@ def test_fused_adam_resumes_exactly(tmp_path):
     for k in params:
         # 5 Adam steps of lr <= 0.05 * sqrt(2): the two kernels round differently, no more
         torch.testing.assert_close(p3[k], params[k], rtol=1e-5, atol=1e-6)
+
+
+def write_empty(root: Path, step: int, interim: bool = False, keep: int = 0) -> None:
+    ck.begin(root, step)
+    d = ck.tmp_dir(root, step)
+    (d / "rank_0000.sha256").write_text("0" * 64)
+    ck.finalize(root, step, [0], {"config": {}}, keep=keep, interim=interim)
+
+
+def test_interim_checkpoints_bridge_to_the_next_regular_one_and_never_push_one_out(tmp_path):
+    root = tmp_path / "ckpts"
+    for step, interim in [(10, False), (12, True), (14, True), (16, True), (20, False), (22, True), (30, False)]:
+        write_empty(root, step, interim)
+    done = ck.complete_checkpoints(root)
+    keep = lambda upto, k: [ck._step_of(p) for p in done if ck._step_of(p) <= upto  # noqa: E731
+                            and p not in ck.prunable([q for q in done if ck._step_of(q) <= upto], k)]
+    assert keep(16, 2) == [10, 14, 16]  # the regular 10 stays; 2 interim newer than it
+    assert keep(22, 2) == [10, 20, 22]  # 12-16 bridged to 20, pruned
+    assert keep(30, 2) == [20, 30]  # as without interim checkpoints
+    assert keep(30, 1) == [30] and keep(22, 1) == [20, 22]
+    assert ck.is_interim(root / "step_000022") and not ck.is_interim(root / "step_000020")
+    write_empty(root, 32, interim=True, keep=2)  # finalize prunes what prunable lists
+    assert [ck._step_of(p) for p in ck.complete_checkpoints(root)] == [20, 30, 32]
+    write_empty(root, 40, keep=2)
+    assert [ck._step_of(p) for p in ck.complete_checkpoints(root)] == [30, 40]
