@@ -49,8 +49,9 @@ class Checkpointer:
         self._warned_newer = False
 
     def save(self, t: "Trainer", step: int) -> bool:
-        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
-        full disk on any rank skips either on every rank, and training goes on (faults.py)."""
+        """Checkpoint (atomic, resumable on any W) and the merged PLY (with --ply_steps only at those);
+        every rank calls it. A full disk on any rank skips either on every rank, and training goes on
+        (faults.py)."""
         ctx, root, cfg = self.ctx, self.root, t.cfg
         counts = gather_counts(len(t.params["means"]), self.device)
         t.n_all = sum(counts)
@@ -81,18 +82,35 @@ class Checkpointer:
                             root, step, ", ".join(p.name for p in newer), root)
 
         saved = self.saves.checkpoint(step, payload, finalize)
-        if cfg.save_ply:
-            start = sum(counts[: ctx.rank])
-            gaussians = dict(t.params) if t.app is None else t.app.baked(t.params)  # --app_opt: as gsplat
-            if cfg.ply_frame == CAPTURE:
-                gaussians = to_capture(gaussians, t.scene.transform)
-            export_ply(self.result_dir, step, gaussians, start, t.n_all, ctx, self.saves)
-        if not self.cameras_written:  # the PLY's cameras (coords.py), once; a full disk: the next save
-            write = lambda: write_cameras(self.result_dir, t.scene, cfg.ply_frame)  # noqa: E731
-            self.cameras_written = self.saves.run("cameras.json", lambda r: self.result_dir / "cameras.json", 0,
-                                                  write if ctx.is_main else None)
+        if cfg.save_ply and (cfg.ply_steps is None or ply_due(cfg, step)):
+            self._export_ply(t, step, counts)
+        self._write_cameras(t)
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
+
+    def save_ply(self, t: "Trainer", step: int) -> None:
+        """The merged PLY of `step` alone (--ply_steps between checkpoints); every rank calls it."""
+        counts = gather_counts(len(t.params["means"]), self.device)
+        t.n_all = sum(counts)
+        self._export_ply(t, step, counts)
+        self._write_cameras(t)
+        barrier()
+
+    def _export_ply(self, t: "Trainer", step: int, counts) -> None:
+        """Every rank writes its rows of R/ply/point_cloud_NNNN.ply (a full disk skips it everywhere)."""
+        cfg, ctx = t.cfg, self.ctx
+        start = sum(counts[: ctx.rank])
+        gaussians = dict(t.params) if t.app is None else t.app.baked(t.params)  # --app_opt: as gsplat
+        if cfg.ply_frame == CAPTURE:
+            gaussians = to_capture(gaussians, t.scene.transform)
+        export_ply(self.result_dir, step, gaussians, start, t.n_all, ctx, self.saves)
+
+    def _write_cameras(self, t: "Trainer") -> None:
+        """The PLY's cameras (coords.py), once; a full disk: the next save."""
+        if not self.cameras_written:
+            write = lambda: write_cameras(self.result_dir, t.scene, t.cfg.ply_frame)  # noqa: E731
+            self.cameras_written = self.saves.run("cameras.json", lambda r: self.result_dir / "cameras.json", 0,
+                                                  write if self.ctx.is_main else None)
 
     def resume(self, t: "Trainer", path: str) -> None:
         """Loads this rank's chunk of a checkpoint written by any number of ranks."""
@@ -146,6 +164,11 @@ class Checkpointer:
         if ctx.is_main:
             log.info("resumed %s: step %d, %d Gaussians (saved by %d ranks, now %d)", meta["dir"],
                      t.start_step, n_all, meta["world_size"], ctx.world_size)
+
+
+def ply_due(cfg: Any, step: int) -> bool:
+    """Whether --ply_steps asks for the PLY of `step` (its steps and the last; None: every save's)."""
+    return cfg.ply_steps is None or step in cfg.ply_steps or step == cfg.max_steps
 
 
 def scene_fingerprint(scene: Any, width: int, height: int) -> Dict[str, Any]:

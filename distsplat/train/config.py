@@ -74,7 +74,9 @@ class Config:
     eval_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
     save_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
     save_ply: bool = True
-    """Write a merged PLY at every save step."""
+    """Write a merged PLY at every save step (or at --ply_steps)."""
+    ply_steps: Optional[List[int]] = None
+    """Steps to write the merged PLY at (and the last step), as gsplat; None: with each checkpoint (--save_steps)."""
     keep_ckpts: int = 2
     """Complete checkpoints kept on disk (older ones are removed once a newer one is whole)."""
     ckpt: Optional[str] = None
@@ -220,6 +222,8 @@ class Config:
 
     tb_every: int = 100
     """TensorBoard scalars every N steps (rank 0)."""
+    tb_save_image: bool = False
+    """Also rank 0's training images of the step (ground truth | render) every --tb_every steps, as gsplat."""
     log_every: int = 100
     seed: int = 42
 
@@ -230,8 +234,12 @@ class Config:
     render_only: bool = False
     """Render a camera path through the checkpoint of --ckpt (RGB and depth) to R/videos/ as an MP4
     and PNG frames, without training."""
-    render_traj_path: Literal["interp", "ellipse"] = "interp"
-    """Camera path of --render_only: interpolated through the training cameras, or an ellipse around the scene."""
+    render_traj_path: Literal["interp", "ellipse", "spiral"] = "interp"
+    """Camera path of --render_only (and of the videos of --no-disable-video): interpolated through the training
+    cameras, an ellipse around the scene, or a spiral around the mean camera (forward-facing captures)."""
+    disable_video: bool = True
+    """No trajectory video after each evaluation (gsplat renders one unless --disable_video): --no-disable-video
+    renders --render_traj_path's path to R/videos/ after each evaluation, as gsplat."""
     render_traj_frames: int = 120
     """Frames of the --render_only camera path."""
     render_fps: int = 30
@@ -273,6 +281,8 @@ class Config:
         self.max_steps = int(self.max_steps * factor)
         self.eval_steps = [int(s * factor) for s in self.eval_steps]
         self.save_steps = [int(s * factor) for s in self.save_steps]
+        if self.ply_steps is not None:
+            self.ply_steps = [int(s * factor) for s in self.ply_steps]
         self.sh_degree_interval = max(1, int(self.sh_degree_interval * factor))
         s = self.strategy
         s.refine_start_iter = int(s.refine_start_iter * factor)
@@ -301,7 +311,8 @@ class Config:
             (self.num_workers >= 1 and self.prefetch >= 1, "--num_workers/--prefetch", "must be >= 1"),
             (self.max_bad_steps >= 0, "--max_bad_steps", f"must be >= 0, got {self.max_bad_steps}"),
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
-            (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
+            (all(s >= 0 for s in self.eval_steps + self.save_steps + (self.ply_steps or [])),
+             "--eval_steps/--save_steps/--ply_steps", "must be >= 0"),
             (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),
             (math.isfinite(self.depth_lambda) and self.depth_lambda >= 0, "--depth_lambda", "must be >= 0"),
             (self.pose_opt_lr >= 0 and self.pose_opt_reg >= 0 and self.pose_noise >= 0,
@@ -335,6 +346,10 @@ class Config:
         if isinstance(self.strategy, DefaultStrategy) and self.strategy.absgrad \
                 and self.strategy.grow_grad2d == GROW_GRAD2D:
             self.strategy.grow_grad2d = ABSGRAD_GROW_GRAD2D
+        if isinstance(self.strategy, DefaultStrategy) and self.strategy.key_for_gradient != "means2d":
+            raise ValueError(f"--strategy.key_for_gradient {self.strategy.key_for_gradient}: gsplat's other key "
+                             "(gradient_2dgs) is its 2DGS trainer's; distsplat trains 3DGS, whose densification "
+                             "reads means2d (the default): drop the flag")
         if isinstance(self.strategy, MCMCStrategy) and self.strategy.cap_max < 1:
             raise ValueError(f"--strategy.cap_max must be >= 1, got {self.strategy.cap_max}")
         for flag, value in (("--cache_budget_gb", self.cache_budget_gb), ("--memory_limit_gb", self.memory_limit_gb)):

@@ -277,7 +277,10 @@ class Trainer:
                 hook(self, done)
             if done in save_steps:
                 self.where = f"saving the checkpoint of step {done}"
-                self.save(done)
+                self.save(done)  # with the PLY, unless --ply_steps puts it elsewhere
+            elif cfg.ply_steps is not None and done in cfg.ply_steps and cfg.save_ply:  # gsplat's PLY steps
+                self.where = f"writing the PLY of step {done}"
+                self.checkpointer.save_ply(self, done)
             if done in eval_steps:
                 self.where = f"evaluating step {done}"
                 self.eval(done, progress.elapsed())
@@ -332,6 +335,8 @@ class Trainer:
             self.ranges("train/loss")
             gt = group_images(images, grp).to(self.device).float() / 255.0  # [C_own_g, H, W, 3] (already there)
             loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda, self.ssim_impl) / C
+            if cfg.tb_save_image and (step + 1) % cfg.tb_every == 0:  # rank 0's own images (outputs.py)
+                self.tb.train_images(step + 1, gt, colors[..., :3])
             if self.depth is not None:  # expected depth in the 4th channel
                 loss = loss + cfg.depth_lambda * self.depth.loss(colors[..., 3:], group_cameras(images, grp)) / C
         self.work.record(metas)  # this rank's pairs, from the count exchange (host ints)
@@ -412,6 +417,8 @@ class Trainer:
         """The test cameras' scores at `step` (evaluate.py; every rank calls it)."""
         stats = self.evaluator(self, step, elapsed)
         self.metrics.update({f"val_{k}": v for k, v in stats.items()})
+        if not self.cfg.disable_video:  # --no-disable-video: gsplat's trajectory video after each evaluation
+            self.render_video(step)
         return stats
 
     def eval_only(self) -> Dict[str, Any]:
@@ -424,15 +431,19 @@ class Trainer:
     def render_only(self) -> Dict[str, Any]:
         """--render_only: a camera path through the checkpoint that setup() loaded, as PNG
         frames (RGB | depth) and an MP4 in R/videos/, rendered with the distributed render (video.py)."""
-        cfg = self.cfg
         self._open_outputs()
+        self.render_video(self.start_step)
+        return self.metrics
+
+    def render_video(self, step: int) -> None:
+        """--render_traj_path's camera path through the Gaussians as they are, labelled `step` (video.py)."""
+        cfg = self.cfg
         self.where = "rendering the camera path"
         first = int(self.train_idx[0])  # the path is seen through the first training camera, at its size
         self.metrics.update(render_path(
             cfg, self.ctx, self.scene.camtoworlds[self.scene.train], lambda: activated(self.params, cfg.sh_degree),
             self.Ks[first], int(self.widths[first]), int(self.heights[first]), self._render_kwargs(sh=cfg.sh_degree),
-            self.result_dir, self.start_step))
-        return self.metrics
+            self.result_dir, step, points=self.scene.points))
 
     def save(self, step: int) -> bool:
         """Checkpoint and PLY of `step` (checkpointer.py); every rank calls it. False: a full disk skipped it."""
