@@ -10,7 +10,8 @@ need nothing here). What is here:
 - REFUSED: flags whose non-default value asks for something distsplat does not do, and what
   to do instead; their default (`--no-sparse-grad`, `--compression None`) passes silently;
 - the translations done before tyro parses: `--camera_model` (pinhole, or fisheye: captures
-  are undistorted on load), `--backend cuda` (gsplat 1.6's name for its CUDA kernels);
+  are undistorted on load), `--ckpt a.pt b.pt` (gsplat's list: one value, joined by
+  os.pathsep), `--backend cuda` (gsplat 1.6's name for its CUDA kernels);
 - NEWER: gsplat 1.6's new names, each refused (or translated) with its gsplat 1.5.3 spelling.
 
 tests/unit/test_gsplat_flags.py holds this against the checked-in field lists of gsplat 1.5.3
@@ -23,6 +24,7 @@ are the same on every rank (each parses the same arguments).
 
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 GSPLAT_VERSION = "1.5.3"  # whose simple_trainer flags these are (gsplat_compat.SUPPORTED_GSPLAT)
@@ -32,8 +34,10 @@ GSPLAT_VERSION = "1.5.3"  # whose simple_trainer flags these are (gsplat_compat.
 DIFFERENT: Dict[str, str] = {
     "data_dir": "default None, the built-in synthetic scene (gsplat's default is a path on its authors' machines)",
     "result_dir": "default results/default (gsplat: results/garden)",
-    "ckpt": ("a distsplat checkpoint (R/ckpts/step_N, or R/ckpts for the newest) resumes training on any number "
-             "of ranks; gsplat's .pt files are not read"),
+    "ckpt": ("gsplat's .pt files (one, a list, or one of a distributed run's per-rank files: the others beside "
+             "it come too) are scored by --eval_only and rendered by --render_only, as gsplat; without either, "
+             "training goes on from their step (gsplat would only evaluate them); a distsplat checkpoint "
+             "(R/ckpts/step_N, or R/ckpts for the newest) resumes on any number of ranks"),
     "render_traj_path": "the same paths (interp, ellipse, spiral), rendered by --render_only and, with "
                         "--no-disable-video, after each evaluation",
     "port": "default None: 8080, or a free port when 8080 is taken (gsplat: 8080, and a taken port fails)",
@@ -41,7 +45,8 @@ DIFFERENT: Dict[str, str] = {
     "save_ply": "default True: the merged PLY of the 3DGS layout is written with each checkpoint (gsplat: False)",
     "disable_video": ("default True: no trajectory video after each evaluation (gsplat renders one); "
                       "--no-disable-video renders it, --render_only renders one from a checkpoint"),
-    "init_type": "default auto: the scene's SfM points when it has them, else random points (gsplat: sfm)",
+    "init_type": ("default auto: the scene's SfM points when it has them, else random points (gsplat: sfm); "
+                  "ply starts from any 3DGS PLY or gsplat .pt files (--init_ply)"),
     "packed": ("default True: the ranks exchange packed (visible-only) pairs whatever the flag; --no-packed "
                "only changes a one-process render (gsplat's default is False)"),
     "strategy": "gsplat's DefaultStrategy / MCMCStrategy with their fields and defaults (verbose off)",
@@ -64,8 +69,8 @@ REFUSED: Dict[str, str] = {
                      "the optimizer's work), every Gaussian every step as gsplat's default Adam; "
                      f"{_DROP}"),
     "compression": ("PNG compression (gsplat.compression.PngCompression) needs torchpq and PLAS on CUDA and one "
-                    "process holding the whole model; distsplat writes the standard 3DGS PLY (R/ply/), which "
-                    f"compression tools read; {_DROP}"),
+                    "process holding the whole model; `python -m distsplat.convert R/ckpts OUT` writes the model in "
+                    f"gsplat's .pt layout for gsplat's compression to read; {_DROP}"),
     "use_bilateral_grid": ("the bilateral grid is not in distsplat yet; --app_opt (per-image appearance "
                            "embeddings, gsplat's other per-image correction) is"),
     "bilateral_grid_shape": "the bilateral grid is not in distsplat yet; --app_opt is",
@@ -94,7 +99,7 @@ NEWER: Dict[str, str] = {
 _DEFAULTS = {"None", "none", "False", "false", "0"}
 _DEFAULT_VALUES = {"bilateral_grid_shape": ["16", "16", "8"]}  # gsplat's; ignored there without the grid
 # Flags handled by the translations below (not by their table entry).
-_TRANSLATED = ("camera_model", "backend")
+_TRANSLATED = ("camera_model", "backend", "ckpt")
 
 
 def _flag(arg: str) -> Optional[Tuple[str, bool, Optional[str]]]:
@@ -143,6 +148,8 @@ def translate(args: Sequence[str]) -> Tuple[List[str], List[str]]:
         spelled = " ".join([a, *values[: 3 if value is None else 0]])
         if name == "camera_model":
             notes += _camera_model(spelled, values)
+        elif name == "ckpt":  # gsplat's list of .pt files: one value for Config.ckpt (model_files.split_files)
+            kept += ["--ckpt", os.pathsep.join(values)] if len(values) > 1 else args[i:j]
         elif name == "backend":
             kept += _backend(spelled, values) or args[i:j]
         elif negated or (values and all(v in _DEFAULTS for v in values)) or values == _DEFAULT_VALUES.get(name):

@@ -80,12 +80,23 @@ class Config:
     keep_ckpts: int = 2
     """Complete checkpoints kept on disk (older ones are removed once a newer one is whole)."""
     ckpt: Optional[str] = None
-    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks."""
+    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks; or gsplat's checkpoint
+    files (--ckpt R/ckpts/ckpt_6999_rank0.pt [more .pt]: a distributed run's other ranks' files beside it are
+    read too) to score (--eval_only), render (--render_only) or train on from their step; or a 3DGS PLY to score
+    or render."""
 
-    init_type: Literal["auto", "sfm", "random"] = "auto"
+    init_type: Literal["auto", "sfm", "random", "ply"] = "auto"
     """Initial Gaussians: sfm (the scene's sparse points; an error when it has none), random (--init_num_pts
-    points in a cube of half-size --init_extent x the cameras' extent), auto: sfm when the scene has points,
-    else random, and the log says which."""
+    points in a cube of half-size --init_extent x the cameras' extent), ply (the model of --init_ply), auto: ply
+    with --init_ply, else sfm when the scene has points, else random, and the log says which."""
+    init_ply: Optional[str] = None
+    """The initial model of --init_type ply: any 3DGS PLY (the original implementation's, gsplat's, ours) or
+    gsplat's checkpoint .pt files; training starts from step 0 with it."""
+    model_frame: Literal["auto", "normalized", "capture"] = "auto"
+    """World of a model read from a file (--init_ply, or --ckpt of gsplat's .pt / a PLY): normalized (the world
+    this run trains in, gsplat's and distsplat's outputs by default) or capture (the input's own, e.g. COLMAP's,
+    as the original 3DGS implementation writes PLYs), moved into the run's world. auto: a distsplat run's PLY as
+    its transform.json says, gsplat's .pt and a gsplat run's PLY normalized, any other PLY capture."""
     init_num_pts: int = 100_000
     """Points of a random initialisation."""
     init_extent: float = 3.0
@@ -334,6 +345,9 @@ class Config:
         if self.data_shards is not None and self.data_dir is None:
             raise ValueError("--data_shards needs --data_dir: the scene's model (COLMAP sparse/, transforms*.json) "
                              "is read from there, the images from the shards")
+        from .model_import import check_model_flags  # (model_import reads the scene's world: not at import)
+
+        check_model_flags(self)
         for flag, on in (("--eval_only", self.eval_only), ("--render_only", self.render_only)):
             if on and self.ckpt is None:
                 raise ValueError(f"{flag} scores or renders a finished run: pass its checkpoint with --ckpt R/ckpts")

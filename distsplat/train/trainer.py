@@ -39,6 +39,7 @@ from .evaluate import Evaluator, test_owners
 from .video import render_path
 from .gaussians import activated, adam_step, check_finite_params
 from .model_init import init_model, memory_guard
+from .model_import import import_checkpoint, is_model_file
 from .progress import Progress
 from .losses import photometric_loss, resolve_ssim_impl
 from .strategies import MCMCStrategy
@@ -159,8 +160,8 @@ class Trainer:
         self.start_step = 0
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         self._saved_lr_batch = None  # a resumed run's learning-rate scaling (batch_scaling.py)
-        if cfg.ckpt is not None:
-            self.checkpointer.resume(self, cfg.ckpt)
+        if cfg.ckpt is not None:  # a distsplat checkpoint, or another trainer's model (model_import.py)
+            (import_checkpoint if is_model_file(cfg.ckpt) else self.checkpointer.resume)(self, cfg.ckpt)
         # The renders do not check the parameters every step: here, where they come from
         check_finite_params(self.params, f"--ckpt {cfg.ckpt}" if cfg.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")

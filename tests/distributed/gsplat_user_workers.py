@@ -54,3 +54,26 @@ def train_outputs(ctx, cfg) -> Dict[str, Any]:
     finally:
         outputs.TensorBoard.__init__ = init
         trainer.cleanup()
+
+
+def run(ctx, cfg, setup_only: bool = False) -> Dict[str, Any]:
+    """Sets up (a --ckpt or --init_ply model loads there), then trains, evaluates (--eval_only) or
+    stops; returns the metrics, the step it started from, this rank's parameters."""
+    trainer = Trainer(copy.deepcopy(cfg), ctx)
+    try:
+        trainer.setup()
+        out = {"start_step": trainer.start_step, "n_all": trainer.n_all,
+               "initial": {k: v.detach().clone() for k, v in trainer.params.items()}}
+        if not setup_only:
+            out["metrics"] = trainer.eval_only() if cfg.eval_only else trainer.train()
+        out["params"] = {k: v.detach().clone() for k, v in trainer.params.items()}
+        return out
+    finally:
+        trainer.cleanup()
+
+
+def convert(ctx, src: str, out: str, to: str = "gsplat") -> str:
+    """distsplat.convert on this rank (python -m distsplat.convert SRC OUT --to TO)."""
+    from distsplat.convert import Args, convert as convert_model
+
+    return str(convert_model(ctx, Args(src=src, out=out, to=to)))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 import numpy as np
 
 from trainer_workers import tiny_config
@@ -43,3 +45,41 @@ def test_ply_steps_train_images_and_videos_as_gsplat(run_workers, tmp_path):
         assert sorted(p.name for p in frames.iterdir()) == [f"{i:05d}.png" for i in range(4)]
         if importlib.util.find_spec("imageio_ffmpeg") is not None:
             assert frames.with_suffix(".mp4").stat().st_size > 0
+
+
+@pytest.mark.slow  # a torchrun of 2 ranks and two single processes, ~20 s
+def test_gsplats_default_command_lines_run_and_their_model_converts(tmp_path):
+    """gsplat's README command lines, as typed for gsplat (only --steps_scaler 0.001, a gsplat flag,
+    cuts 30000 steps to 30, and --disable_viewer): `default` on 2 ranks under torchrun, `mcmc` on
+    one process, on a COLMAP capture; then `python -m distsplat.convert` writes the mcmc model in
+    gsplat's layout, which gsplat's --ckpt reading gives back as the checkpoint's Gaussians."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.unit.data_helpers import make_colmap_dataset
+    from torchrun_cli import REPO, TRAINER, torchrun, torchrun_env
+
+    data = make_colmap_dataset(tmp_path / "garden", num_cameras=10, factors=(4,))
+    gsplat_args = ["--data_dir", str(data), "--data_factor", "4", "--steps_scaler", "0.001", "--disable_viewer"]
+    p = torchrun(["default", *gsplat_args, "--result_dir", str(tmp_path / "default")])
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, str(TRAINER), "mcmc", *gsplat_args, "--result_dir", str(tmp_path / "mcmc")],
+                       capture_output=True, text=True, env=torchrun_env(), cwd=REPO, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for name in ("default", "mcmc"):  # gsplat's schedule x 0.001: evaluations at 7 and 30, saves at 7 and 30
+        stats = json.loads((tmp_path / name / "stats" / "val_step0030.json").read_text())
+        assert stats["psnr"] > 10 and (tmp_path / name / "stats" / "val_step0007.json").is_file()
+        assert sorted(q.name for q in (tmp_path / name / "ckpts").iterdir()) == ["step_000007", "step_000030"]
+    p = subprocess.run([sys.executable, "-m", "distsplat.convert", str(tmp_path / "mcmc" / "ckpts"),
+                        str(tmp_path / "out")], capture_output=True, text=True, env=torchrun_env(), cwd=REPO,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "(gsplat's layout)" in p.stdout
+    ckpt = torch.load(tmp_path / "out" / "ckpt_30_rank0.pt", weights_only=True)
+    shard = torch.load(tmp_path / "mcmc" / "ckpts" / "step_000030" / "rank_0000.pt", weights_only=True)
+    assert ckpt["step"] == 30 and set(ckpt["splats"]) == set(shard["params"])
+    for k, v in shard["params"].items():
+        assert torch.equal(ckpt["splats"][k], v), k
