@@ -71,22 +71,23 @@ REFUSED: Dict[str, str] = {
     "compression": ("PNG compression (gsplat.compression.PngCompression) needs torchpq and PLAS on CUDA and one "
                     "process holding the whole model; `python -m distsplat.convert R/ckpts OUT` writes the model in "
                     f"gsplat's .pt layout for gsplat's compression to read; {_DROP}"),
-    "use_bilateral_grid": ("the bilateral grid is not in distsplat yet; --app_opt (per-image appearance "
-                           "embeddings, gsplat's other per-image correction) is"),
-    "bilateral_grid_shape": "the bilateral grid is not in distsplat yet; --app_opt is",
-    "use_fused_bilagrid": "the bilateral grid is not in distsplat yet; --app_opt is",
 }
 
 # gsplat 1.6's new Config names (not in 1.5.3): what to pass instead. Prefix entries end in "*".
 _V16 = "gsplat 1.6's flag; distsplat takes gsplat 1.5.3's flags"
 NEWER: Dict[str, str] = {
-    "post_processing": f"{_V16}: the bilateral grid is not in distsplat yet; --app_opt is",
-    "bilateral_grid_fused": f"{_V16} (1.5.3: --use_fused_bilagrid): the bilateral grid is not in distsplat yet",
+    "post_processing": (f"{_V16}: --post_processing bilateral_grid is 1.5.3's --use_bilateral_grid (taken as "
+                        "that); PPISP, gsplat 1.6's per-camera ISP (exposure, vignetting, colour, response curve), "
+                        "is not in distsplat: pass --use_bilateral_grid, which learns each image's exposure and "
+                        "colour too, or --app_opt"),
+    "bilateral_grid_fused": f"{_V16} (1.5.3: --use_fused_bilagrid, taken as that)",
     "ppisp_use_controller": f"{_V16}: PPISP (its per-camera ISP) is not in distsplat; {_DROP}",
     "ppisp_controller_distillation": f"{_V16}: PPISP is not in distsplat; {_DROP}",
     "ppisp_controller_activation_num_steps": f"{_V16}: PPISP is not in distsplat; {_DROP}",
-    "color_correct_method": f"{_V16}: colour-corrected metrics go with the bilateral grid, not in distsplat yet",
-    "use_color_correction_metric": f"{_V16}: colour-corrected metrics go with the bilateral grid, not in distsplat yet",
+    "color_correct_method": (f"{_V16}: distsplat's cc_psnr, cc_ssim and cc_lpips fit gsplat 1.5.3's quadratic "
+                             "colour transform (--color_correct_method quadratic); drop the flag"),
+    "use_color_correction_metric": (f"{_V16}: distsplat reports cc_psnr, cc_ssim and cc_lpips whenever "
+                                    "--use_bilateral_grid is on, as gsplat 1.5.3"),
     "data_type": (f"{_V16}: distsplat reads COLMAP, Blender and nerfstudio folders by the files they hold "
                   "(--data_format chooses when a folder holds several); NCore is not read; drop the flag"),
     "load_exposure": (f"{_V16}: distsplat reads no EXIF exposure (per-image exposure changes are learned: "
@@ -97,9 +98,38 @@ NEWER: Dict[str, str] = {
 
 # Values of a refused or newer flag that ask for nothing (its default): passed silently.
 _DEFAULTS = {"None", "none", "False", "false", "0"}
-_DEFAULT_VALUES = {"bilateral_grid_shape": ["16", "16", "8"]}  # gsplat's; ignored there without the grid
 # Flags handled by the translations below (not by their table entry).
 _TRANSLATED = ("camera_model", "backend", "ckpt")
+
+
+def _post_processing(spelled: str, values: List[str], notes: List[str]) -> List[str]:
+    if values == ["bilateral_grid"]:
+        return ["--use_bilateral_grid"]
+    if all(v in _DEFAULTS for v in values):
+        return []
+    raise ValueError(f"{spelled} is a flag of gsplat's trainer that distsplat does not take: {NEWER['post_processing']}")
+
+
+def _bilateral_grid_fused(spelled: str, values: List[str], notes: List[str]) -> List[str]:
+    return [] if values else ["--use_fused_bilagrid"]
+
+
+def _color_correct_method(spelled: str, values: List[str], notes: List[str]) -> List[str]:
+    if values == ["quadratic"]:
+        return []
+    raise ValueError(f"{spelled} is a flag of gsplat's trainer that distsplat does not take: "
+                     f"{NEWER['color_correct_method']}")
+
+
+def _use_color_correction_metric(spelled: str, values: List[str], notes: List[str]) -> List[str]:
+    notes.append(f"{spelled}: {NEWER['use_color_correction_metric']}")
+    return []
+
+
+# gsplat 1.6's names for what distsplat does under 1.5.3's: (spelled, values, notes) -> arguments for tyro
+_RENAMED_16 = {"post_processing": _post_processing, "bilateral_grid_fused": _bilateral_grid_fused,
+               "color_correct_method": _color_correct_method,
+               "use_color_correction_metric": _use_color_correction_metric}
 
 
 def _flag(arg: str) -> Optional[Tuple[str, bool, Optional[str]]]:
@@ -152,7 +182,11 @@ def translate(args: Sequence[str]) -> Tuple[List[str], List[str]]:
             kept += ["--ckpt", os.pathsep.join(values)] if len(values) > 1 else args[i:j]
         elif name == "backend":
             kept += _backend(spelled, values) or args[i:j]
-        elif negated or (values and all(v in _DEFAULTS for v in values)) or values == _DEFAULT_VALUES.get(name):
+        elif negated:
+            pass  # the default: asks for nothing
+        elif name in _RENAMED_16:
+            kept += _RENAMED_16[name](spelled, values, notes)
+        elif values and all(v in _DEFAULTS for v in values):
             pass  # the default: asks for nothing
         else:
             why = REFUSED.get(name) or _newer(name)

@@ -65,6 +65,10 @@ class Checkpointer:
             app_state = t.app.state_dict()
             if ctx.is_main:
                 payload["app_opt"] = app_state
+        if t.bilagrid is not None:  # every rank's grids in one table (one all-reduce), in shard 0
+            grid_state = t.bilagrid.state_dict()
+            if ctx.is_main:
+                payload["bilateral_grid"] = grid_state
         balance = t.balance.state_dict()  # every camera's last pairs (one all-reduce): the next costs
 
         def finalize() -> None:  # rank 0, once every shard is written
@@ -153,6 +157,13 @@ class Checkpointer:
             t.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or t.pose.state_dict())
         if t.app is not None:  # shard 0 holds every image's embedding; this rank keeps its own
             t.app.load_state_dict(ck.load_shard(meta, 0)["app_opt"])
+        if t.bilagrid is not None:  # shard 0 holds every image's grid; this rank keeps its own
+            grids = ck.load_shard(meta, 0).get("bilateral_grid")
+            if grids is not None:
+                t.bilagrid.load_state_dict(grids, meta["dir"])
+            elif ctx.is_main:
+                log.info("--ckpt %s holds no bilateral grids (trained without --use_bilateral_grid): they start "
+                         "at the identity", meta["dir"])
         if same_w:  # each rank continues its own stream
             set_rng_state(ck.load_shard(meta, ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank

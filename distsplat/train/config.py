@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import List, Literal, Optional, Union
+from typing import List, Literal, Optional, Tuple, Union
 
 from .strategies import DefaultStrategy, MCMCStrategy
 
@@ -32,6 +32,12 @@ class SyntheticConfig:
     width: int = 96
     height: int = 72
     seed: int = 0
+    exposure: float = 1.0
+    """Scale each training image's brightness by a known factor, log-uniform in [1/E, E] (seeded), as a phone's
+    auto exposure changes from frame to frame (for --use_bilateral_grid or --app_opt to learn); the test images
+    keep the scene's own colours. 1: no change."""
+    white_balance: float = 0.0
+    """Scale each training image's channels by known factors uniform in [1 - WB, 1 + WB] (white balance)."""
 
 
 @dataclass
@@ -162,6 +168,17 @@ class Config:
     """Learning rate of the colour MLP (the embeddings' is 10x, as gsplat)."""
     app_opt_reg: float = 1e-6
     """Weight decay of the appearance embeddings."""
+
+    # Bilateral grid (issue 46; gsplat's flags and defaults; train/bilateral_grid.py)
+    use_bilateral_grid: bool = False
+    """Learn a bilateral grid per training image (gsplat's): an affine colour transform per cell of (x, y,
+    luminance) applied to the image's render before its loss, absorbing per-image exposure and white balance;
+    each grid lives on its image's owner rank. The evaluation adds cc_psnr, cc_ssim, cc_lpips (colour-corrected)."""
+    bilateral_grid_shape: Tuple[int, int, int] = (16, 16, 8)
+    """Cells of each grid along x, y and luminance."""
+    use_fused_bilagrid: bool = False
+    """gsplat's fused CUDA kernels of the same grid: turns the grid on; distsplat slices it with PyTorch's
+    grid_sample (the same trilinear lookup)."""
 
     strategy: Union[DefaultStrategy, MCMCStrategy] = field(default_factory=DefaultStrategy)
     """Densification: gsplat's DefaultStrategy or MCMCStrategy, run on each rank's Gaussians.
@@ -360,6 +377,14 @@ class Config:
         if isinstance(self.strategy, DefaultStrategy) and self.strategy.absgrad \
                 and self.strategy.grow_grad2d == GROW_GRAD2D:
             self.strategy.grow_grad2d = ABSGRAD_GROW_GRAD2D
+        if not (self.synthetic.exposure >= 1.0 and 0.0 <= self.synthetic.white_balance < 1.0):
+            raise ValueError(f"--synthetic.exposure must be >= 1 and --synthetic.white_balance in [0, 1), got "
+                             f"{self.synthetic.exposure}, {self.synthetic.white_balance}")
+        if self.use_fused_bilagrid:  # gsplat: the fused grid is the grid, in other kernels
+            self.use_bilateral_grid = True
+        if len(self.bilateral_grid_shape) != 3 or min(self.bilateral_grid_shape) < 2:
+            raise ValueError(f"--bilateral_grid_shape must be 3 cell counts >= 2 (x, y, luminance), got "
+                             f"{' '.join(map(str, self.bilateral_grid_shape))}")
         if isinstance(self.strategy, DefaultStrategy) and self.strategy.key_for_gradient != "means2d":
             raise ValueError(f"--strategy.key_for_gradient {self.strategy.key_for_gradient}: gsplat's other key "
                              "(gradient_2dgs) is its 2DGS trainer's; distsplat trains 3DGS, whose densification "
@@ -384,6 +409,7 @@ class Config:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["strategy"] = {"type": type(self.strategy).__name__, **d["strategy"]}
+        d["bilateral_grid_shape"] = list(self.bilateral_grid_shape)  # as cfg.yml and meta.json read it back
         return d
 
 

@@ -33,6 +33,7 @@ from .config import Config
 from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
 from .app_opt import colour_kwargs, setup_app_opt
+from .bilateral_grid import setup_bilateral_grid
 from .checkpoint import check_steps_left
 from .checkpointer import Checkpointer, seed_rank_rng
 from .evaluate import Evaluator, test_owners
@@ -146,6 +147,8 @@ class Trainer:
                                 cfg.balance_pairs and W > 1, lead=cfg.prefetch)
         self.app = setup_app_opt(cfg, len(self.train_idx), self.batcher.own_cameras(r), cfg.batch_size * W,
                                  self.device)  # None without --app_opt; embeddings of own images only
+        self.bilagrid = setup_bilateral_grid(cfg, len(self.train_idx), self.batcher.own_cameras(r), W,
+                                             self.device)  # None without --use_bilateral_grid; own images' grids
         t0, t1 = test_owners(len(self.test_idx), W)[r]
         own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])  # this rank's images
         self.cache = own_image_cache(cfg, scene, own.tolist(), self.device, r)  # checked, if staged or sharded
@@ -322,10 +325,11 @@ class Trainer:
         loss, metas = 0.0, []
         for grp in groups:
             self.ranges("train/render")
-            colors, _, meta = distributed_rasterize(
+            colors, alphas, meta = distributed_rasterize(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
                 grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.owner,
-                **self._render_kwargs(grp.select(backgrounds), sh, grp.select(batch.cameras)),
+                # with bilateral grids the background comes after them (bilateral_grid.py: gsplat's order)
+                **self._render_kwargs(grp.select(None if self.bilagrid else backgrounds), sh, grp.select(batch.cameras)),
                 absgrad=getattr(self.strategy, "absgrad", False),
                 render_mode="RGB" if self.depth is None else "RGB+ED",
                 # No device checks per step: the parameters are checked where they change (setup,
@@ -333,6 +337,8 @@ class Trainer:
                 check_finite=False, check_cameras=False,
             )
             metas.append(meta)
+            if self.bilagrid is not None:  # own images through their grids, then the background (bilateral_grid.py)
+                colors = self.bilagrid.correct(colors, alphas, grp, positions, self.ctx.rank, backgrounds)
             self.ranges("train/loss")
             gt = group_images(images, grp).to(self.device).float() / 255.0  # [C_own_g, H, W, 3] (already there)
             loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda, self.ssim_impl) / C
@@ -343,6 +349,8 @@ class Trainer:
         self.work.record(metas)  # this rank's pairs, from the count exchange (host ints)
         self.balance.record(metas, groups, cams, len(self.params["means"]))  # each camera's pairs (device)
         meta = merge_meta(metas, groups, C)  # what densification reads, as of one render
+        if self.bilagrid is not None:  # this rank's grids' share of their total variation
+            loss = loss + self.bilagrid.tv_loss()
         if cfg.opacity_reg > 0:
             loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
         if cfg.scale_reg > 0:
@@ -352,6 +360,7 @@ class Trainer:
         loss.backward()
         learned = self.params if self.pose is None else {**self.params, "pose": self.pose.deltas}
         learned = learned if self.app is None else {**learned, **self.app.grads()}
+        learned = learned if self.bilagrid is None else {**learned, **self.bilagrid.grads()}
         self.ranges("train/divergence")
         # [] 1.0 when the loss or gradients are NaN/Inf on any rank (on the device, never read
         # here; None with --max_bad_steps 0): every fused Adam skips its update, densification
@@ -363,6 +372,8 @@ class Trainer:
             self.pose.step(found)  # one all-reduce of the corrections' gradient, the same step everywhere
         if self.app is not None:
             self.app.step(found)  # one all-reduce of the MLP's gradient; embeddings on their owner only
+        if self.bilagrid is not None:
+            self.bilagrid.step(step, found)  # each grid on its owner: no collective
         lr = self._means_lr(step)
         self.optimizers["means"].param_groups[0]["lr"] = lr
         for opt in self.optimizers.values():

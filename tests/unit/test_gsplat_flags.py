@@ -19,7 +19,12 @@ V153 = json.loads((GOLDEN / "gsplat_1_5_3_config_fields.json").read_text())
 V160 = json.loads((GOLDEN / "gsplat_1_6_0_config_fields.json").read_text())
 TRANSLATED = {"camera_model"}  # handled before tyro parses (gsplat_flags.translate): no Config field
 # A value of each refused flag that asks for the missing feature.
-ASKS = {"compression": ["png"], "patch_size": ["128"], "bilateral_grid_shape": ["8", "8", "4"]}
+ASKS = {"compression": ["png"], "patch_size": ["128"]}
+# gsplat 1.6's names of 1.5.3's flags: (1.6 arguments, what tyro gets)
+RENAMED_16 = {"post_processing": (["--post_processing", "bilateral_grid"], ["--use_bilateral_grid"]),
+              "bilateral_grid_fused": (["--bilateral_grid_fused"], ["--use_fused_bilagrid"]),
+              "color_correct_method": (["--color_correct_method", "quadratic"], []),
+              "use_color_correction_metric": (["--use_color_correction_metric"], [])}
 
 
 def app_defaults(subcommand: str = "default"):
@@ -164,8 +169,16 @@ def test_gsplat_1_6_names_are_named_as_such():
             with pytest.raises(ValueError, match="^--backend dgx: gsplat 1.6's single-process multi-GPU backend"):
                 translate(["default", "--backend", "dgx"])
             continue
-        value = {"post_processing": ["bilateral_grid"], "data_type": ["ncore"], "color_correct_method": ["quadratic"],
+        if name in RENAMED_16:  # gsplat 1.5.3's flag under its 1.6 name: taken as that
+            args, kept = RENAMED_16[name]
+            assert translate(["default", *args])[0] == ["default", *kept], name
+            if name != "use_color_correction_metric":
+                continue
+        value = {"post_processing": ["ppisp"], "data_type": ["ncore"], "color_correct_method": ["affine"],
                  "ncore_camera_ids": ["a", "b"]}.get(name, [] if isinstance(field.get("value"), bool) else ["7"])
+        if name == "use_color_correction_metric":  # a note: cc_* come with the grid
+            assert "whenever --use_bilateral_grid is on" in translate(["default", f"--{name}"])[1][0]
+            continue
         with pytest.raises(ValueError, match=f"^--{name}.* is a flag of gsplat's trainer that distsplat does not "
                                              "take: gsplat 1.6's flag; distsplat takes gsplat 1.5.3's flags"):
             translate(["default", f"--{name}", *value])
