@@ -199,6 +199,20 @@ def test_gsplat_readme_command_lines_parse(tmp_path):
     assert cfg.strategy.cap_max == 1_000_000 and cfg.steps_scaler == 0.25
 
 
+def test_gsplats_list_of_checkpoint_files_is_one_value():
+    """gsplat's `--ckpt a.pt b.pt` (a list) reaches Config.ckpt joined by os.pathsep, which
+    train/model_files.split_files splits again; one value passes as typed."""
+    import os
+
+    from distsplat.train.model_files import split_files
+
+    kept, _ = translate(["default", "--ckpt", "r/ckpt_9_rank0.pt", "r/ckpt_9_rank1.pt", "--eval_only"])
+    assert kept == ["default", "--ckpt", os.pathsep.join(["r/ckpt_9_rank0.pt", "r/ckpt_9_rank1.pt"]), "--eval_only"]
+    cfg = parse(kept)
+    assert split_files(cfg.ckpt) == ["r/ckpt_9_rank0.pt", "r/ckpt_9_rank1.pt"] and cfg.eval_only
+    assert translate(["default", "--ckpt", "R/ckpts"]) == (["default", "--ckpt", "R/ckpts"], [])
+
+
 def test_key_for_gradient_of_2dgs_is_refused():
     cfg = parse(["default", "--strategy.key_for_gradient", "gradient_2dgs"])
     with pytest.raises(ValueError, match="--strategy.key_for_gradient gradient_2dgs: gsplat's other key"):
