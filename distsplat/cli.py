@@ -1,5 +1,5 @@
 """The trainer's command line (wrapped by `distsplat.app`, which adds the viewer): parse (tyro, subcommands `default`
-and `mcmc` as gsplat's simple_trainer; gsplat's flags that distsplat does not take), run one
+and `mcmc` as gsplat's simple_trainer; gsplat's flags that distsplat does not take: gsplat_flags.py), run one
 rank's training (`Trainer.run` owns its lifecycle), and turn a failure into one line and an
 exit code (2: bad input, 1: any other failure, 75: stopped by a signal with its checkpoint saved,
 train/preemption.py). Runs unchanged under `python` (one process)
@@ -17,6 +17,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from .distributed import destroy, init_distributed, is_peer_failure, record_for_launcher, setup_logging
+from .gsplat_flags import translate as translate_gsplat_flags
 from .train.config import Config, default_config, mcmc_config
 from .train.preemption import EXIT_PREEMPTED
 
@@ -31,61 +32,6 @@ CONFIGS = {
 }
 
 
-# gsplat simple_trainer flags that distsplat does not take, and what to do instead: one clear
-# error naming the flag, where tyro would only say "Unrecognized options".
-GSPLAT_ONLY = {
-    "with_ut": "3DGUT rendering (the unscented transform) is not in distsplat; drop the flag",
-    "with_eval3d": "3DGUT's 3D evaluation is not in distsplat; drop the flag",
-    "use_bilateral_grid": ("the bilateral grid is not in distsplat; --app_opt (per-image appearance "
-                           "embeddings, gsplat's other correction) is"),
-    "bilateral_grid_shape": "the bilateral grid is not in distsplat; --app_opt is",
-    "use_fused_bilagrid": "the bilateral grid is not in distsplat; --app_opt is",
-    "sparse_grad": "distsplat's gradients are dense on each rank's chunk of the Gaussians; drop the flag",
-    "visible_adam": "distsplat steps Adam on all of each rank's Gaussians; drop the flag",
-    "compression": "compressing the result is not in distsplat; the PLY it writes is the standard 3DGS layout",
-    "patch_size": "training on random patches is not in distsplat; drop the flag (--data_factor lowers the resolution)",
-    "ply_steps": "distsplat writes the PLY with each checkpoint: use --save_steps (--no-save-ply writes none)",
-    "tb_save_image": "distsplat's TensorBoard gets the test renders of each evaluation; drop the flag",
-}
-# gsplat flags with nothing to do in distsplat: dropped with a note.
-GSPLAT_IGNORED = {
-    "disable_video": "distsplat renders no video while training (videos: --render_only)",
-}
-
-
-def _flag_name(arg: str) -> Optional[str]:
-    """`--with-ut`, `--with_ut=True`, `--no-with-ut` -> "with_ut"; None for a value."""
-    if not arg.startswith("--"):
-        return None
-    name = arg[2:].split("=", 1)[0].replace("-", "_")
-    return name[3:] if name.startswith("no_") and name[3:] in {**GSPLAT_ONLY, **GSPLAT_IGNORED} else name
-
-
-def gsplat_only_flags(args: Sequence[str]) -> "tuple[list, list]":
-    """(the arguments tyro parses, notes on the flags dropped): gsplat's flags listed above are
-    a ValueError saying what to do (the same on every rank), or dropped with a note;
-    `--camera_model pinhole` is what distsplat renders, any other model an error."""
-    kept, notes = [], []
-    i = 0
-    while i < len(args):
-        a, name = args[i], _flag_name(args[i])
-        if name in GSPLAT_ONLY:
-            raise ValueError(f"{a} is a flag of gsplat's trainer that distsplat does not take: {GSPLAT_ONLY[name]}")
-        if name in GSPLAT_IGNORED:
-            notes.append(f"ignoring {a}: {GSPLAT_IGNORED[name]}")
-        elif name == "camera_model":
-            value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
-            if value != "pinhole":
-                raise ValueError(f"--camera_model {value}: distsplat renders pinhole cameras (gsplat's default); "
-                                 "distorted COLMAP and nerfstudio cameras are undistorted on load, fisheye and "
-                                 "orthographic ones are not supported")
-            i += 0 if "=" in a else 1
-        else:
-            kept.append(a)
-        i += 1
-    return kept, notes
-
-
 def parse(args: Optional[Sequence[str]] = None, configs: Optional[Dict[str, tuple]] = None) -> Config:
     """The config of the command line. Every rank parses it alike, so only rank 0 prints
     what tyro says (--help, a typo'd flag's box); a bad command line exits 2 (tyro's code)
@@ -93,7 +39,7 @@ def parse(args: Optional[Sequence[str]] = None, configs: Optional[Dict[str, tupl
     `configs`: {subcommand: (description, defaults)}, CONFIGS unless the app composes more."""
     import tyro
 
-    kept, notes = gsplat_only_flags(sys.argv[1:] if args is None else list(args))
+    kept, notes = translate_gsplat_flags(sys.argv[1:] if args is None else list(args))
     main = _rank() == 0
     if main:
         for note in notes:
@@ -150,7 +96,7 @@ def main(args: Optional[Sequence[str]] = None, extensions: Sequence[Extension] =
     by a signal says one line (rank 0) and exits EXIT_PREEMPTED on every rank."""
     try:
         cfg = parse(args, configs)
-    except ValueError as e:  # a gsplat flag distsplat does not take: the same on every rank, said by rank 0
+    except ValueError as e:  # a gsplat flag distsplat does not take (gsplat_flags.py): the same on every rank
         _fail(f"distsplat: error: {e}", 2, quiet=_local_rank() != 0)
     try:
         metrics = run(cfg, extensions)

@@ -2,6 +2,7 @@
 
     python examples/simple_viewer.py --ckpt results/garden/ckpts            # newest checkpoint
     python examples/simple_viewer.py --ckpt results/garden/ply/point_cloud_30000.ply
+    python examples/simple_viewer.py --ckpt results/garden/ckpts/ckpt_29999_rank0.pt    # gsplat's
     torchrun --standalone --nproc_per_node=4 examples/simple_viewer.py --ckpt results/garden/ckpts
 
 Each rank loads its chunk of the Gaussians (a checkpoint written by any number of ranks is
@@ -13,8 +14,9 @@ HOST` on a remote machine). Bad input is one `distsplat: error` line (rank 0's),
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import List, Literal, Optional, Union
 
 from distsplat.distributed import destroy, init_distributed, raise_together, setup_logging
 from distsplat.cli import exit_bad_input
@@ -25,8 +27,9 @@ log = logging.getLogger("distsplat.viewer")
 
 @dataclass
 class Args:
-    ckpt: str
-    """A checkpoint (R/ckpts/step_N, or R/ckpts for the newest) or a 3DGS PLY file."""
+    ckpt: Union[str, List[str]]
+    """A checkpoint (R/ckpts/step_N, or R/ckpts for the newest), gsplat's checkpoint .pt files (as gsplat's
+    simple_viewer.py takes them: a list, or one of a distributed run's per-rank files) or a 3DGS PLY file."""
     port: Optional[int] = None
     """Port to serve on. None: 8080, or a free port when 8080 is taken (the log says which);
     an explicit port that is taken is an error."""
@@ -46,7 +49,7 @@ def main(args: Args) -> None:
     try:
         error = None
         try:  # every rank reads the same file: agreed, so that rank 0 alone says what is wrong
-            model = load_model(args.ckpt, ctx)
+            model = load_model(args.ckpt if isinstance(args.ckpt, str) else os.pathsep.join(args.ckpt), ctx)
         except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
             error = e
         raise_together(ctx, error, "loading the model")

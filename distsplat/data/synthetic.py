@@ -93,6 +93,20 @@ def attach_images(scene: Scene, images: Union[Sequence[np.ndarray], Callable[[in
     return scene
 
 
+def appearance_gains(n: int, exposure: float, white_balance: float, seed: int) -> np.ndarray:
+    """[n, 3] known per-image, per-channel gains, as a phone's auto exposure and white balance
+    change from frame to frame: a brightness factor log-uniform in [1/exposure, exposure] times a
+    channel factor uniform in [1 - white_balance, 1 + white_balance] (seeded; all 1 with none)."""
+    rng = np.random.default_rng((seed, 46))
+    brightness = np.exp(rng.uniform(-np.log(exposure), np.log(exposure), size=(n, 1)))
+    return brightness * rng.uniform(1 - white_balance, 1 + white_balance, size=(n, 3))
+
+
+def apply_gains(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
+    """[H, W, 3] uint8 scaled by `gains` [3], rounded and clipped to 8 bits as a camera would."""
+    return np.clip(np.round(image.astype(np.float64) * gains), 0, 255).astype(np.uint8)
+
+
 def splat_points(scene: Scene, index: int, half_size: int = 1, alpha: bool = False) -> np.ndarray:
     """[H, W, 3] (or RGBA [H, W, 4], transparent background) uint8: the scene's points as
     squares of (2 * half_size + 1) pixels, far to near. A stand-in for a real render."""

@@ -44,9 +44,10 @@ log = logging.getLogger("distsplat.train.trainer")  # the trainer's log lines
 # backend's kernels (the W-invariance of docs/determinism.md), and this module's own. A flag
 # not listed counts (a new flag is refused until someone says it does not change the result).
 NOT_RESULT = frozenset({
-    "result_dir", "max_steps", "save_steps", "save_ply", "keep_ckpts", "ckpt", "resume", "save_every_minutes",
-    "eval_steps", "eval_only", "render_only", "render_traj_path", "render_traj_frames", "render_fps",
-    "lpips_net", "lpips_weights", "lpips_heads", "ply_frame", "tb_every", "log_every",
+    "result_dir", "max_steps", "save_steps", "save_ply", "ply_steps", "keep_ckpts", "ckpt", "resume",
+    "save_every_minutes", "eval_steps", "eval_only", "render_only", "render_traj_path", "render_traj_frames",
+    "render_fps", "disable_video", "lpips_net", "lpips_weights", "lpips_heads", "ply_frame", "tb_every",
+    "tb_save_image", "log_every", "use_fused_bilagrid",
     "cache", "cache_budget_gb", "num_workers", "prefetch", "node_local_data", "data_shards",
     "memory_limit_gb", "memory_fraction", "max_bad_steps", "backend", "ssim_impl", "strategy.verbose",
 })

@@ -49,10 +49,10 @@ class Checkpointer:
         self._warned_newer = False
 
     def save(self, t: "Trainer", step: int, interim: bool = False) -> bool:
-        """Checkpoint (atomic, resumable on any W) and the merged PLY; every rank calls it. A
-        full disk on any rank skips either on every rank, and training goes on (faults.py).
-        `interim` (--save_every_minutes, a stop signal: preemption.py): the checkpoint alone,
-        marked to be pruned once a newer regular one is whole (checkpoint.prunable)."""
+        """Checkpoint (atomic, resumable on any W) and the merged PLY (with --ply_steps only at those);
+        every rank calls it. A full disk on any rank skips either on every rank, and training goes on
+        (faults.py). `interim` (--save_every_minutes, a stop signal: preemption.py): the checkpoint
+        alone, marked to be pruned once a newer regular one is whole (checkpoint.prunable)."""
         ctx, root, cfg = self.ctx, self.root, t.cfg
         counts = gather_counts(len(t.params["means"]), self.device)
         t.n_all = sum(counts)
@@ -66,6 +66,10 @@ class Checkpointer:
             app_state = t.app.state_dict()
             if ctx.is_main:
                 payload["app_opt"] = app_state
+        if t.bilagrid is not None:  # every rank's grids in one table (one all-reduce), in shard 0
+            grid_state = t.bilagrid.state_dict()
+            if ctx.is_main:
+                payload["bilateral_grid"] = grid_state
         balance = t.balance.state_dict()  # every camera's last pairs (one all-reduce): the next costs
 
         def finalize() -> None:  # rank 0, once every shard is written
@@ -84,18 +88,35 @@ class Checkpointer:
                             root, step, ", ".join(p.name for p in newer), root)
 
         saved = self.saves.checkpoint(step, payload, finalize)
-        if cfg.save_ply and not interim:
-            start = sum(counts[: ctx.rank])
-            gaussians = dict(t.params) if t.app is None else t.app.baked(t.params)  # --app_opt: as gsplat
-            if cfg.ply_frame == CAPTURE:
-                gaussians = to_capture(gaussians, t.scene.transform)
-            export_ply(self.result_dir, step, gaussians, start, t.n_all, ctx, self.saves)
-        if not self.cameras_written:  # the PLY's cameras (coords.py), once; a full disk: the next save
-            write = lambda: write_cameras(self.result_dir, t.scene, cfg.ply_frame)  # noqa: E731
-            self.cameras_written = self.saves.run("cameras.json", lambda r: self.result_dir / "cameras.json", 0,
-                                                  write if ctx.is_main else None)
+        if cfg.save_ply and not interim and ply_due(cfg, step):
+            self._export_ply(t, step, counts)
+        self._write_cameras(t)
         barrier()
         return saved  # whether the checkpoint is complete (the same on every rank)
+
+    def save_ply(self, t: "Trainer", step: int) -> None:
+        """The merged PLY of `step` alone (--ply_steps between checkpoints); every rank calls it."""
+        counts = gather_counts(len(t.params["means"]), self.device)
+        t.n_all = sum(counts)
+        self._export_ply(t, step, counts)
+        self._write_cameras(t)
+        barrier()
+
+    def _export_ply(self, t: "Trainer", step: int, counts) -> None:
+        """Every rank writes its rows of R/ply/point_cloud_NNNN.ply (a full disk skips it everywhere)."""
+        cfg, ctx = t.cfg, self.ctx
+        start = sum(counts[: ctx.rank])
+        gaussians = dict(t.params) if t.app is None else t.app.baked(t.params)  # --app_opt: as gsplat
+        if cfg.ply_frame == CAPTURE:
+            gaussians = to_capture(gaussians, t.scene.transform)
+        export_ply(self.result_dir, step, gaussians, start, t.n_all, ctx, self.saves)
+
+    def _write_cameras(self, t: "Trainer") -> None:
+        """The PLY's cameras (coords.py), once; a full disk: the next save."""
+        if not self.cameras_written:
+            write = lambda: write_cameras(self.result_dir, t.scene, t.cfg.ply_frame)  # noqa: E731
+            self.cameras_written = self.saves.run("cameras.json", lambda r: self.result_dir / "cameras.json", 0,
+                                                  write if self.ctx.is_main else None)
 
     def resume(self, t: "Trainer", path: str, found: bool = False, verified: bool = False) -> None:
         """Loads this rank's chunk of a checkpoint written by any number of ranks. `found`: the
@@ -144,6 +165,13 @@ class Checkpointer:
             t.pose.load_state_dict(ck.load_shard(meta, 0).get("pose_opt") or t.pose.state_dict())
         if t.app is not None:  # shard 0 holds every image's embedding; this rank keeps its own
             t.app.load_state_dict(ck.load_shard(meta, 0)["app_opt"])
+        if t.bilagrid is not None:  # shard 0 holds every image's grid; this rank keeps its own
+            grids = ck.load_shard(meta, 0).get("bilateral_grid")
+            if grids is not None:
+                t.bilagrid.load_state_dict(grids, meta["dir"])
+            elif ctx.is_main:
+                log.info("--ckpt %s holds no bilateral grids (trained without --use_bilateral_grid): they start "
+                         "at the identity", meta["dir"])
         if same_w:  # each rank continues its own stream
             set_rng_state(ck.load_shard(meta, ctx.rank).get("rng"), self.device)
         else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
@@ -164,6 +192,11 @@ def shards_to_read(meta: Dict[str, Any], ctx: DistContext) -> List[int]:
     on the same W (its RNG state)."""
     bounds = chunk_bounds(meta["num_gaussians"], ctx.world_size)[ctx.rank]
     return ck.shards_for_rows(meta, *bounds) + ([ctx.rank] if meta["world_size"] == ctx.world_size else [])
+
+
+def ply_due(cfg: Any, step: int) -> bool:
+    """Whether --ply_steps asks for the PLY of `step` (its steps and the last; None: every save's)."""
+    return cfg.ply_steps is None or step in cfg.ply_steps or step == cfg.max_steps
 
 
 def scene_fingerprint(scene: Any, width: int, height: int) -> Dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import List, Literal, Optional, Union
+from typing import List, Literal, Optional, Tuple, Union
 
 from .strategies import DefaultStrategy, MCMCStrategy
 
@@ -32,6 +32,12 @@ class SyntheticConfig:
     width: int = 96
     height: int = 72
     seed: int = 0
+    exposure: float = 1.0
+    """Scale each training image's brightness by a known factor, log-uniform in [1/E, E] (seeded), as a phone's
+    auto exposure changes from frame to frame (for --use_bilateral_grid or --app_opt to learn); the test images
+    keep the scene's own colours. 1: no change."""
+    white_balance: float = 0.0
+    """Scale each training image's channels by known factors uniform in [1 - WB, 1 + WB] (white balance)."""
 
 
 @dataclass
@@ -74,12 +80,16 @@ class Config:
     eval_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
     save_steps: List[int] = field(default_factory=lambda: [7_000, 30_000])
     save_ply: bool = True
-    """Write a merged PLY at every save step."""
+    """Write a merged PLY at every save step (or at --ply_steps)."""
+    ply_steps: Optional[List[int]] = None
+    """Steps to write the merged PLY at (and the last step), as gsplat; None: with each checkpoint (--save_steps)."""
     keep_ckpts: int = 2
     """Complete checkpoints kept on disk (older ones are removed once a newer one is whole)."""
     ckpt: Optional[str] = None
-    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks, whatever flags it was
-    saved with."""
+    """Resume from this checkpoint (R/ckpts/step_N or R/ckpts), on any number of ranks; or gsplat's checkpoint
+    files (--ckpt R/ckpts/ckpt_6999_rank0.pt [more .pt]: a distributed run's other ranks' files beside it are
+    read too) to score (--eval_only), render (--render_only) or train on from their step; or a 3DGS PLY to score
+    or render."""
     resume: bool = True
     """Without --ckpt, resume from the newest checkpoint in --result_dir/ckpts saved with the same flags that change
     the result (docs/robustness.md lists the others): a requeued or restarted job goes on where it stopped, on any
@@ -91,10 +101,18 @@ class Config:
     checkpoints (and a stop signal's) are pruned once a newer --save_steps or final one is whole, at most
     --keep_ckpts of them kept. 0: off."""
 
-    init_type: Literal["auto", "sfm", "random"] = "auto"
+    init_type: Literal["auto", "sfm", "random", "ply"] = "auto"
     """Initial Gaussians: sfm (the scene's sparse points; an error when it has none), random (--init_num_pts
-    points in a cube of half-size --init_extent x the cameras' extent), auto: sfm when the scene has points,
-    else random, and the log says which."""
+    points in a cube of half-size --init_extent x the cameras' extent), ply (the model of --init_ply), auto: ply
+    with --init_ply, else sfm when the scene has points, else random, and the log says which."""
+    init_ply: Optional[str] = None
+    """The initial model of --init_type ply: any 3DGS PLY (the original implementation's, gsplat's, ours) or
+    gsplat's checkpoint .pt files; training starts from step 0 with it."""
+    model_frame: Literal["auto", "normalized", "capture"] = "auto"
+    """World of a model read from a file (--init_ply, or --ckpt of gsplat's .pt / a PLY): normalized (the world
+    this run trains in, gsplat's and distsplat's outputs by default) or capture (the input's own, e.g. COLMAP's,
+    as the original 3DGS implementation writes PLYs), moved into the run's world. auto: a distsplat run's PLY as
+    its transform.json says, gsplat's .pt and a gsplat run's PLY normalized, any other PLY capture."""
     init_num_pts: int = 100_000
     """Points of a random initialisation."""
     init_extent: float = 3.0
@@ -160,6 +178,17 @@ class Config:
     """Learning rate of the colour MLP (the embeddings' is 10x, as gsplat)."""
     app_opt_reg: float = 1e-6
     """Weight decay of the appearance embeddings."""
+
+    # Bilateral grid (issue 46; gsplat's flags and defaults; train/bilateral_grid.py)
+    use_bilateral_grid: bool = False
+    """Learn a bilateral grid per training image (gsplat's): an affine colour transform per cell of (x, y,
+    luminance) applied to the image's render before its loss, absorbing per-image exposure and white balance;
+    each grid lives on its image's owner rank. The evaluation adds cc_psnr, cc_ssim, cc_lpips (colour-corrected)."""
+    bilateral_grid_shape: Tuple[int, int, int] = (16, 16, 8)
+    """Cells of each grid along x, y and luminance."""
+    use_fused_bilagrid: bool = False
+    """gsplat's fused CUDA kernels of the same grid: turns the grid on; distsplat slices it with PyTorch's
+    grid_sample (the same trilinear lookup)."""
 
     strategy: Union[DefaultStrategy, MCMCStrategy] = field(default_factory=DefaultStrategy)
     """Densification: gsplat's DefaultStrategy or MCMCStrategy, run on each rank's Gaussians.
@@ -231,6 +260,8 @@ class Config:
 
     tb_every: int = 100
     """TensorBoard scalars every N steps (rank 0)."""
+    tb_save_image: bool = False
+    """Also rank 0's training images of the step (ground truth | render) every --tb_every steps, as gsplat."""
     log_every: int = 100
     seed: int = 42
 
@@ -241,8 +272,12 @@ class Config:
     render_only: bool = False
     """Render a camera path through the checkpoint of --ckpt (RGB and depth) to R/videos/ as an MP4
     and PNG frames, without training."""
-    render_traj_path: Literal["interp", "ellipse"] = "interp"
-    """Camera path of --render_only: interpolated through the training cameras, or an ellipse around the scene."""
+    render_traj_path: Literal["interp", "ellipse", "spiral"] = "interp"
+    """Camera path of --render_only (and of the videos of --no-disable-video): interpolated through the training
+    cameras, an ellipse around the scene, or a spiral around the mean camera (forward-facing captures)."""
+    disable_video: bool = True
+    """No trajectory video after each evaluation (gsplat renders one unless --disable_video): --no-disable-video
+    renders --render_traj_path's path to R/videos/ after each evaluation, as gsplat."""
     render_traj_frames: int = 120
     """Frames of the --render_only camera path."""
     render_fps: int = 30
@@ -284,6 +319,8 @@ class Config:
         self.max_steps = int(self.max_steps * factor)
         self.eval_steps = [int(s * factor) for s in self.eval_steps]
         self.save_steps = [int(s * factor) for s in self.save_steps]
+        if self.ply_steps is not None:
+            self.ply_steps = [int(s * factor) for s in self.ply_steps]
         self.sh_degree_interval = max(1, int(self.sh_degree_interval * factor))
         s = self.strategy
         s.refine_start_iter = int(s.refine_start_iter * factor)
@@ -314,7 +351,8 @@ class Config:
             (self.keep_ckpts >= 1, "--keep_ckpts", f"must be >= 1, got {self.keep_ckpts}"),
             (math.isfinite(self.save_every_minutes) and self.save_every_minutes >= 0, "--save_every_minutes",
              f"must be >= 0 (0: off), got {self.save_every_minutes}"),
-            (all(s >= 0 for s in self.eval_steps + self.save_steps), "--eval_steps/--save_steps", "must be >= 0"),
+            (all(s >= 0 for s in self.eval_steps + self.save_steps + (self.ply_steps or [])),
+             "--eval_steps/--save_steps/--ply_steps", "must be >= 0"),
             (math.isfinite(self.global_scale) and self.global_scale > 0, "--global_scale", "must be > 0"),
             (math.isfinite(self.depth_lambda) and self.depth_lambda >= 0, "--depth_lambda", "must be >= 0"),
             (self.pose_opt_lr >= 0 and self.pose_opt_reg >= 0 and self.pose_noise >= 0,
@@ -336,6 +374,9 @@ class Config:
         if self.data_shards is not None and self.data_dir is None:
             raise ValueError("--data_shards needs --data_dir: the scene's model (COLMAP sparse/, transforms*.json) "
                              "is read from there, the images from the shards")
+        from .model_import import check_model_flags  # (model_import reads the scene's world: not at import)
+
+        check_model_flags(self)
         for flag, on in (("--eval_only", self.eval_only), ("--render_only", self.render_only)):
             if on and self.ckpt is None:
                 raise ValueError(f"{flag} scores or renders a finished run: pass its checkpoint with --ckpt R/ckpts")
@@ -348,6 +389,18 @@ class Config:
         if isinstance(self.strategy, DefaultStrategy) and self.strategy.absgrad \
                 and self.strategy.grow_grad2d == GROW_GRAD2D:
             self.strategy.grow_grad2d = ABSGRAD_GROW_GRAD2D
+        if not (self.synthetic.exposure >= 1.0 and 0.0 <= self.synthetic.white_balance < 1.0):
+            raise ValueError(f"--synthetic.exposure must be >= 1 and --synthetic.white_balance in [0, 1), got "
+                             f"{self.synthetic.exposure}, {self.synthetic.white_balance}")
+        if self.use_fused_bilagrid:  # gsplat: the fused grid is the grid, in other kernels
+            self.use_bilateral_grid = True
+        if len(self.bilateral_grid_shape) != 3 or min(self.bilateral_grid_shape) < 2:
+            raise ValueError(f"--bilateral_grid_shape must be 3 cell counts >= 2 (x, y, luminance), got "
+                             f"{' '.join(map(str, self.bilateral_grid_shape))}")
+        if isinstance(self.strategy, DefaultStrategy) and self.strategy.key_for_gradient != "means2d":
+            raise ValueError(f"--strategy.key_for_gradient {self.strategy.key_for_gradient}: gsplat's other key "
+                             "(gradient_2dgs) is its 2DGS trainer's; distsplat trains 3DGS, whose densification "
+                             "reads means2d (the default): drop the flag")
         if isinstance(self.strategy, MCMCStrategy) and self.strategy.cap_max < 1:
             raise ValueError(f"--strategy.cap_max must be >= 1, got {self.strategy.cap_max}")
         for flag, value in (("--cache_budget_gb", self.cache_budget_gb), ("--memory_limit_gb", self.memory_limit_gb)):
@@ -368,6 +421,7 @@ class Config:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["strategy"] = {"type": type(self.strategy).__name__, **d["strategy"]}
+        d["bilateral_grid_shape"] = list(self.bilateral_grid_shape)  # as cfg.yml and meta.json read it back
         return d
 
 

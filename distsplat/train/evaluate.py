@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds, distributed_rasterize
 from .gaussians import activated
+from .color_correct import color_correct
 from .losses import psnr, ssim_eval
 from .lpips import load_lpips, ready_lpips, short_lpips_note
 from .outputs import memory_gb, save_image, write_json
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("distsplat.train.trainer")  # the trainer's log lines, as before the split
 
 METRICS = ("psnr", "ssim", "lpips")  # rows of the per-image score matrix
+CC_METRICS = ("cc_psnr", "cc_ssim", "cc_lpips")  # with a bilateral grid: after color_correct.py's fit, as gsplat
 NUM_RENDERS = 4  # test images saved side by side (ground truth | render) at each evaluation
 
 
@@ -71,6 +73,7 @@ def evaluate(
     step: int,
     save_renders: int = 4,
     lpips: Optional[Callable[[Tensor, Tensor], Tensor]] = None,  # [B, H, W, 3] x2 -> [B]
+    color_corrected: bool = False,  # also CC_METRICS (--use_bilateral_grid, as gsplat)
 ) -> Tuple[Dict[str, float], Dict[str, np.ndarray]]:
     """Returns the mean metrics and the per-image ones ({metric: [C_test]}, on every rank).
     Without `lpips`, its mean and per-image values are NaN."""
@@ -80,7 +83,8 @@ def evaluate(
     t0 = time.perf_counter()
     bounds = test_owners(n_test, ctx.world_size)
     rounds = max(end - start for start, end in bounds)
-    scores = torch.zeros(len(METRICS), n_test, dtype=torch.float64, device=viewmats.device)
+    names_ = METRICS + (CC_METRICS if color_corrected else ())
+    scores = torch.zeros(len(names_), n_test, dtype=torch.float64, device=viewmats.device)
     g = render_args()
     widths = np.broadcast_to(np.asarray(width, dtype=np.int64), (n_test,))
     heights = np.broadcast_to(np.asarray(height, dtype=np.int64), (n_test,))
@@ -106,14 +110,20 @@ def evaluate(
             scores[1, p] = ssim_eval(render[None], gt[None])[0].double()
             if lpips is not None:
                 scores[2, p] = lpips(render[None], gt[None])[0].double()
+            if color_corrected:  # the render's colours fitted to the ground truth's, then scored alike
+                cc = color_correct(render, gt)
+                scores[3, p] = psnr(cc[None], gt[None])[0].double()
+                scores[4, p] = ssim_eval(cc[None], gt[None])[0].double()
+                if lpips is not None:
+                    scores[5, p] = lpips(cc[None], gt[None])[0].double()
             if p < save_renders:
                 save_image(render_name(renders_dir, step, names[p]), torch.cat([gt, render], 1))
-    scores = all_reduce_sum(scores).cpu().numpy()  # [3, C_test]
+    scores = all_reduce_sum(scores).cpu().numpy()  # [3 or 6, C_test]
     if lpips is None:
-        scores[2] = np.nan
-    stats = {k: float(np.mean(scores[i])) for i, k in enumerate(METRICS)}
+        scores[2::3] = np.nan
+    stats = {k: float(np.mean(scores[i])) for i, k in enumerate(names_)}
     stats.update(eval_time=time.perf_counter() - t0, num_test_images=n_test)
-    return stats, {k: scores[i] for i, k in enumerate(METRICS)}
+    return stats, {k: scores[i] for i, k in enumerate(names_)}
 
 
 class Evaluator:
@@ -159,6 +169,7 @@ class Evaluator:
             lambda: activated(t.params, sh), t.scene.viewmats(t.test_idx.numpy(), device).to(t.Ks.dtype), t.Ks[test],
             t.widths[t.test_idx.numpy()], t.heights[t.test_idx.numpy()], read, names, ctx,
             sh, t._render_kwargs(sh=sh), t.result_dir / "renders", step, save_renders=NUM_RENDERS, lpips=self.lpips,
+            color_corrected=self.cfg.use_bilateral_grid,
         )
         stats.update(num_GS=t.n_all, elapsed=elapsed, step=step)
         if elapsed is None:  # eval only: no training time to report

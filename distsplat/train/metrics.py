@@ -14,21 +14,23 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
-from .evaluate import METRICS, render_name, render_stem
+from .evaluate import CC_METRICS, METRICS, render_name, render_stem
 from .outputs import TensorBoard, write_json
 
 log = logging.getLogger(__name__)
 
 
 def write_per_image_csv(path: Path, names: Sequence[str], per_image: Dict[str, np.ndarray]) -> None:
-    """name, psnr, ssim, lpips per test image (lpips empty when skipped); atomic."""
+    """name, psnr, ssim, lpips (and cc_psnr, cc_ssim, cc_lpips with a bilateral grid) per test
+    image (lpips empty when skipped); atomic."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    columns = [k for k in METRICS + CC_METRICS if k in per_image]
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["name", *METRICS])
+        w.writerow(["name", *columns])
         for i, name in enumerate(names):
-            w.writerow([name, *("" if math.isnan(v) else f"{v:.6f}" for v in (per_image[k][i] for k in METRICS))])
+            w.writerow([name, *("" if math.isnan(v) else f"{v:.6f}" for v in (per_image[k][i] for k in columns))])
     os.replace(tmp, path)
 
 
@@ -41,16 +43,21 @@ def report_eval(result_dir: Path, step: int, stats: Dict[str, Any], per_image: D
     if lpips_note is not None or math.isnan(stats.get("lpips", math.nan)):
         stats["lpips"] = None  # JSON has no NaN
         stats["lpips_skipped"] = lpips_note or "LPIPS skipped"
+        if "cc_lpips" in stats:
+            stats["cc_lpips"] = None
     write_json(result_dir / "stats" / f"val_step{step:04d}.json", stats)
     if per_image:
         write_per_image_csv(result_dir / "stats" / f"val_step{step:04d}.csv", names, per_image)
     if "psnr" not in stats:
         return stats
     lp = "" if stats["lpips"] is None else f", LPIPS {stats['lpips']:.4f}"
+    if "cc_psnr" in stats:  # gsplat's line with a bilateral grid
+        lp += f"; CC_PSNR {stats['cc_psnr']:.3f}, CC_SSIM {stats['cc_ssim']:.4f}" + (
+            "" if stats["cc_lpips"] is None else f", CC_LPIPS {stats['cc_lpips']:.4f}")
     log.info("step %d: PSNR %.3f, SSIM %.4f%s, %s Gaussians", step, stats["psnr"], stats["ssim"], lp,
              stats.get("num_GS"))
     if tb is not None:
-        tb.scalars(step, {f"val/{k}": stats[k] for k in METRICS if stats.get(k) is not None})
+        tb.scalars(step, {f"val/{k}": stats[k] for k in METRICS + CC_METRICS if stats.get(k) is not None})
         for name in names[:num_renders]:  # their owners wrote them before the scores' all-reduce
             tb.image(f"val/{render_stem(name)}", render_name(result_dir / "renders", step, name), step)
     return stats

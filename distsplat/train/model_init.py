@@ -24,6 +24,7 @@ from . import strategy_ops
 from .balance import interleave
 from .config import Config
 from .gaussians import create_optimizers, init_gaussians, init_kind, init_line, initial_ids, random_points
+from .model_import import initial_params
 from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes, render_working_bytes
 from .strategies import MCMCStrategy
 
@@ -43,23 +44,27 @@ class Model:
 
 
 def init_model(cfg: Config, ctx: DistContext, device: torch.device, scene: Any, scene_scale: float) -> Model:
-    """The initial Gaussians (SfM points, or random ones: --init_type) and their training state."""
-    init = init_kind(cfg.init_type, len(scene.points))
-    if init == "sfm":
-        points = torch.from_numpy(scene.points).float()
-        rgbs = torch.from_numpy(scene.points_rgb).float() / 255.0
-        if cfg.balance_pairs:  # every rank's chunk samples the whole scene (balance.py)
-            order = torch.from_numpy(interleave(len(points), cfg.seed))
-            points, rgbs = points[order], rgbs[order]
+    """The initial Gaussians (SfM points, random ones, or a model file's: --init_type) and their training state."""
+    init = "ply" if cfg.init_ply is not None else init_kind(cfg.init_type, len(scene.points))
+    if init == "ply":  # another trainer's model (model_import.py), its rows as they are
+        params, n_all = initial_params(cfg, ctx, device, scene.transform)
+        bounds = chunk_bounds(n_all, ctx.world_size)[ctx.rank]
     else:
-        points, rgbs = random_points(cfg.init_num_pts, cfg.init_extent * scene_scale, cfg.seed)
-    if ctx.is_main and cfg.init_type == "auto" and cfg.ckpt is None:
-        log.info("%s", init_line(init, len(points), cfg.init_extent, scene_scale))
-    n_all = len(points)
-    bounds = chunk_bounds(n_all, ctx.world_size)[ctx.rank]
-    params = init_gaussians(points, rgbs, cfg.sh_degree, bounds, init_opacity=cfg.init_opa,
-                            init_scale=cfg.init_scale, seed=cfg.seed, device=device,
-                            feature_dim=32 if cfg.app_opt else None)
+        if init == "sfm":
+            points = torch.from_numpy(scene.points).float()
+            rgbs = torch.from_numpy(scene.points_rgb).float() / 255.0
+            if cfg.balance_pairs:  # every rank's chunk samples the whole scene (balance.py)
+                order = torch.from_numpy(interleave(len(points), cfg.seed))
+                points, rgbs = points[order], rgbs[order]
+        else:
+            points, rgbs = random_points(cfg.init_num_pts, cfg.init_extent * scene_scale, cfg.seed)
+        if ctx.is_main and cfg.init_type == "auto" and cfg.ckpt is None:
+            log.info("%s", init_line(init, len(points), cfg.init_extent, scene_scale))
+        n_all = len(points)
+        bounds = chunk_bounds(n_all, ctx.world_size)[ctx.rank]
+        params = init_gaussians(points, rgbs, cfg.sh_degree, bounds, init_opacity=cfg.init_opa,
+                                init_scale=cfg.init_scale, seed=cfg.seed, device=device,
+                                feature_dim=32 if cfg.app_opt else None)
     lrs = {"means": cfg.means_lr, "scales": cfg.scales_lr, "opacities": cfg.opacities_lr,
            "quats": cfg.quats_lr, "sh0": cfg.sh0_lr, "shN": cfg.shN_lr,
            "features": cfg.sh0_lr, "colors": cfg.sh0_lr}  # --app_opt's, as gsplat

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..distributed import DistContext, barrier
 from .shared_dir import nearest_existing
@@ -163,6 +164,14 @@ class TensorBoard:
             from PIL import Image
 
             self.writer.add_image(tag, np.asarray(Image.open(png).convert("RGB")), step, dataformats="HWC")
+
+    def train_images(self, step: int, gt: Tensor, render: Tensor) -> None:
+        """--tb_save_image: this rank's training images of a step [C, H, W, 3] (rank 0's, as gsplat), ground
+        truth | render side by side, stacked, as `train/render`."""
+        if self.writer is not None and len(gt):
+            canvas = torch.cat([gt, render.clamp(0, 1)], 2).detach().float().cpu()  # [C, H, 2W, 3]
+            self.writer.add_image("train/render", canvas.reshape(-1, *canvas.shape[2:]).numpy(), step,
+                                  dataformats="HWC")
 
     def close(self) -> None:
         if self.writer is not None:

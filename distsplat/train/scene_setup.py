@@ -16,7 +16,7 @@ from ..data import DataError, ImageCache, Scene, load_blender, load_colmap, load
 from ..data.discover import choose, describe_choice
 from ..data.heap import TRIM_FROM, trim_heap
 from ..data.shards import TarShardSource
-from ..data.synthetic import attach_images
+from ..data.synthetic import appearance_gains, apply_gains, attach_images
 from ..data.tabletop import make_tabletop_scene
 from ..render import rasterize
 from .config import Config
@@ -40,7 +40,12 @@ def load_scene(cfg: Config) -> Scene:
                 num_cameras=s.num_cameras, num_gaussians=s.num_gaussians, width=s.width,
                 height=s.height, test_every=cfg.test_every, seed=s.seed,
             )
-        return attach_images(scene, lambda i: render_ground_truth(scene, i))
+        if s.exposure == 1.0 and s.white_balance == 0.0:
+            return attach_images(scene, lambda i: render_ground_truth(scene, i))
+        # --synthetic.exposure / white_balance: the training images as a phone's changing ISP makes them
+        gains, train = appearance_gains(scene.num_cameras, s.exposure, s.white_balance, s.seed), set(scene.train.tolist())
+        return attach_images(scene, lambda i: apply_gains(render_ground_truth(scene, i), gains[i]) if i in train
+                             else render_ground_truth(scene, i))
     shards = shard_index(cfg.data_dir, cfg.data_shards)
     scene = load_scene_dir(cfg.data_dir, cfg.data_factor, cfg.normalize_world_space, cfg.test_every,
                            check=not checks_own_images(cfg), shards=shards, data_format=cfg.data_format,

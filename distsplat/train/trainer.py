@@ -35,12 +35,14 @@ from .config import Config
 from .depth_loss import DepthTargets
 from .pose_opt import setup_pose_opt
 from .app_opt import colour_kwargs, setup_app_opt
+from .bilateral_grid import setup_bilateral_grid
 from .checkpoint import check_steps_left
 from .checkpointer import Checkpointer, seed_rank_rng
 from .evaluate import Evaluator, test_owners
 from .video import render_path
 from .gaussians import activated, adam_step, check_finite_params
 from .model_init import init_model, memory_guard
+from .model_import import import_checkpoint, is_model_file
 from .progress import Progress
 from .losses import photometric_loss, resolve_ssim_impl
 from .strategies import MCMCStrategy
@@ -164,6 +166,8 @@ class Trainer:
                                 cfg.balance_pairs and W > 1, lead=cfg.prefetch)
         self.app = setup_app_opt(cfg, len(self.train_idx), self.batcher.own_cameras(r), cfg.batch_size * W,
                                  self.device)  # None without --app_opt; embeddings of own images only
+        self.bilagrid = setup_bilateral_grid(cfg, len(self.train_idx), self.batcher.own_cameras(r), W,
+                                             self.device)  # None without --use_bilateral_grid; own images' grids
         t0, t1 = test_owners(len(self.test_idx), W)[r]
         own = torch.cat([self.train_idx[self.batcher.own_cameras(r)], self.test_idx[t0:t1]])  # this rank's images
         self.cache = own_image_cache(cfg, scene, own.tolist(), self.device, r)  # checked, if staged or sharded
@@ -178,8 +182,11 @@ class Trainer:
         self.start_step = 0
         self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
         self._saved_lr_batch = None  # a resumed run's learning-rate scaling (batch_scaling.py)
-        if self.resume.ckpt is not None:
-            self.checkpointer.resume(self, self.resume.ckpt, self.resume.found, self.resume.verified)
+        if self.resume.ckpt is not None:  # a distsplat checkpoint, or another trainer's model (model_import.py)
+            if is_model_file(self.resume.ckpt):
+                import_checkpoint(self, self.resume.ckpt)
+            else:
+                self.checkpointer.resume(self, self.resume.ckpt, self.resume.found, self.resume.verified)
         # The renders do not check the parameters every step: here, where they come from
         check_finite_params(self.params, f"--ckpt {self.resume.ckpt}" if self.resume.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")
@@ -300,7 +307,10 @@ class Trainer:
                 hook(self, done)
             if done in save_steps or self.preemption.save_due():  # save_due: --save_every_minutes, rank 0's clock
                 self.where = f"saving the checkpoint of step {done}"
-                self.save(done, interim=done not in save_steps)
+                self.save(done, interim=done not in save_steps)  # with the PLY, unless interim or --ply_steps
+            if cfg.ply_steps is not None and done in cfg.ply_steps and done not in save_steps and cfg.save_ply:
+                self.where = f"writing the PLY of step {done}"  # gsplat's PLY steps between checkpoints
+                self.checkpointer.save_ply(self, done)
             if done in eval_steps:
                 self.where = f"evaluating step {done}"
                 self.eval(done, progress.elapsed())
@@ -347,10 +357,11 @@ class Trainer:
         loss, metas = 0.0, []
         for grp in groups:
             self.ranges("train/render")
-            colors, _, meta = distributed_rasterize(
+            colors, alphas, meta = distributed_rasterize(
                 g["means"], g["quats"], g["scales"], g["opacities"], g["colors"],
                 grp.select(viewmats), grp.select(Ks), grp.width, grp.height, grp.owner,
-                **self._render_kwargs(grp.select(backgrounds), sh, grp.select(batch.cameras)),
+                # with bilateral grids the background comes after them (bilateral_grid.py: gsplat's order)
+                **self._render_kwargs(grp.select(None if self.bilagrid else backgrounds), sh, grp.select(batch.cameras)),
                 absgrad=getattr(self.strategy, "absgrad", False),
                 render_mode="RGB" if self.depth is None else "RGB+ED",
                 # No device checks per step: the parameters are checked where they change (setup,
@@ -358,14 +369,20 @@ class Trainer:
                 check_finite=False, check_cameras=False,
             )
             metas.append(meta)
+            if self.bilagrid is not None:  # own images through their grids, then the background (bilateral_grid.py)
+                colors = self.bilagrid.correct(colors, alphas, grp, positions, self.ctx.rank, backgrounds)
             self.ranges("train/loss")
             gt = group_images(images, grp).to(self.device).float() / 255.0  # [C_own_g, H, W, 3] (already there)
             loss = loss + photometric_loss(colors[..., :3], gt, cfg.ssim_lambda, self.ssim_impl) / C
+            if cfg.tb_save_image and (step + 1) % cfg.tb_every == 0:  # rank 0's own images (outputs.py)
+                self.tb.train_images(step + 1, gt, colors[..., :3])
             if self.depth is not None:  # expected depth in the 4th channel
                 loss = loss + cfg.depth_lambda * self.depth.loss(colors[..., 3:], group_cameras(images, grp)) / C
         self.work.record(metas)  # this rank's pairs, from the count exchange (host ints)
         self.balance.record(metas, groups, cams, len(self.params["means"]))  # each camera's pairs (device)
         meta = merge_meta(metas, groups, C)  # what densification reads, as of one render
+        if self.bilagrid is not None:  # this rank's grids' share of their total variation
+            loss = loss + self.bilagrid.tv_loss()
         if cfg.opacity_reg > 0:
             loss = loss + cfg.opacity_reg * g["opacities"].sum() / self.n_all
         if cfg.scale_reg > 0:
@@ -375,6 +392,7 @@ class Trainer:
         loss.backward()
         learned = self.params if self.pose is None else {**self.params, "pose": self.pose.deltas}
         learned = learned if self.app is None else {**learned, **self.app.grads()}
+        learned = learned if self.bilagrid is None else {**learned, **self.bilagrid.grads()}
         self.ranges("train/divergence")
         # [] 1.0 when the loss or gradients are NaN/Inf on any rank (on the device, never read
         # here; None with --max_bad_steps 0): every fused Adam skips its update, densification
@@ -386,6 +404,8 @@ class Trainer:
             self.pose.step(found)  # one all-reduce of the corrections' gradient, the same step everywhere
         if self.app is not None:
             self.app.step(found)  # one all-reduce of the MLP's gradient; embeddings on their owner only
+        if self.bilagrid is not None:
+            self.bilagrid.step(step, found)  # each grid on its owner: no collective
         lr = self._means_lr(step)
         self.optimizers["means"].param_groups[0]["lr"] = lr
         for opt in self.optimizers.values():
@@ -441,6 +461,8 @@ class Trainer:
         """The test cameras' scores at `step` (evaluate.py; every rank calls it)."""
         stats = self.evaluator(self, step, elapsed)
         self.metrics.update({f"val_{k}": v for k, v in stats.items()})
+        if not self.cfg.disable_video:  # --no-disable-video: gsplat's trajectory video after each evaluation
+            self.render_video(step)
         return stats
 
     def eval_only(self) -> Dict[str, Any]:
@@ -453,15 +475,19 @@ class Trainer:
     def render_only(self) -> Dict[str, Any]:
         """--render_only: a camera path through the checkpoint that setup() loaded, as PNG
         frames (RGB | depth) and an MP4 in R/videos/, rendered with the distributed render (video.py)."""
-        cfg = self.cfg
         self._open_outputs()
+        self.render_video(self.start_step)
+        return self.metrics
+
+    def render_video(self, step: int) -> None:
+        """--render_traj_path's camera path through the Gaussians as they are, labelled `step` (video.py)."""
+        cfg = self.cfg
         self.where = "rendering the camera path"
         first = int(self.train_idx[0])  # the path is seen through the first training camera, at its size
         self.metrics.update(render_path(
             cfg, self.ctx, self.scene.camtoworlds[self.scene.train], lambda: activated(self.params, cfg.sh_degree),
             self.Ks[first], int(self.widths[first]), int(self.heights[first]), self._render_kwargs(sh=cfg.sh_degree),
-            self.result_dir, self.start_step))
-        return self.metrics
+            self.result_dir, step, points=self.scene.points))
 
     def save(self, step: int, interim: bool = False) -> bool:
         """Checkpoint and PLY of `step` (checkpointer.py; `interim`: the checkpoint alone, pruned once a newer

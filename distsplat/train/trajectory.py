@@ -1,9 +1,12 @@
 """Camera paths through a scene for --render_only videos, as gsplat's simple_trainer
-renders them: a smooth path interpolated through the training cameras, or an ellipse
-around the point the cameras look at. Pure numpy on camera-to-world matrices (OpenCV
-axes: x right, y down, z forward), shared by every rank (each computes the same path)."""
+renders them: a smooth path interpolated through the training cameras, an ellipse
+around the point the cameras look at, or a spiral around the mean camera (forward-facing
+captures). Pure numpy on camera-to-world matrices (OpenCV axes: x right, y down, z
+forward), shared by every rank (each computes the same path)."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 
@@ -92,9 +95,65 @@ def ellipse_path(camtoworlds: np.ndarray, n_frames: int) -> np.ndarray:
     return np.stack([look_at(e, target, up) for e in eyes])
 
 
-def camera_path(kind: str, camtoworlds: np.ndarray, n_frames: int) -> np.ndarray:
+def mean_pose(camtoworlds: np.ndarray) -> np.ndarray:
+    """[4, 4] the cameras' mean position, looking along their mean forward axis, upright along
+    their mean down axis."""
+    out = np.eye(4)
+    out[:3, :3] = _orthonormal(camtoworlds[:, :3, 2].mean(0), camtoworlds[:, :3, 1].mean(0))
+    out[:3, 3] = camtoworlds[:, :3, 3].mean(0)
+    return out
+
+
+def focus_depth(camtoworlds: np.ndarray, points: Optional[np.ndarray] = None, weight: float = 0.75) -> float:
+    """How far ahead of the mean camera a spiral looks: between the near and far depth of the
+    scene's points in front of the cameras (1st and 99th percentile), `weight` of the way in
+    disparity (1 / depth), as forward-facing (LLFF) captures' videos do; without points, the
+    distance to the point nearest every optical axis (focus_point), or where those are
+    parallel the cameras' extent."""
+    pose = mean_pose(camtoworlds)
+    if points is not None and len(points):
+        depths = []
+        for c2w in camtoworlds:  # each camera's depths of the points in front of it
+            d = (np.asarray(points, np.float64) - c2w[:3, 3]) @ c2w[:3, 2]
+            depths.append(d[d > 1e-6])
+        d = np.concatenate(depths)
+        if len(d):
+            near, far = np.percentile(d, [1.0, 99.0])
+            return float(1.0 / ((1.0 - weight) / near + weight / far))
+    ahead = float((focus_point(camtoworlds) - pose[:3, 3]) @ pose[:3, 2])
+    if np.isfinite(ahead) and ahead > 1e-6:
+        return ahead
+    # parallel axes meet nowhere ahead: the cameras' own extent (1 for a single camera)
+    spread = np.linalg.norm(camtoworlds[:, :3, 3] - pose[:3, 3], axis=1).max()
+    return float(spread if spread > 1e-6 else 1.0)
+
+
+def spiral_path(camtoworlds: np.ndarray, n_frames: int, points: Optional[np.ndarray] = None,
+                rotations: int = 2, z_rate: float = 0.5) -> np.ndarray:
+    """[n_frames, 4, 4] on a spiral around the mean camera (gsplat's `--render_traj_path spiral`
+    for forward-facing captures): in the mean camera's frame the eye moves on an ellipse of
+    the cameras' spread (90th percentile of |position - mean| along its x and y), `rotations`
+    times round, and back and forth along its forward axis (its spread there) `z_rate` times as
+    fast; every frame looks at the point focus_depth ahead of the mean camera."""
+    pose = mean_pose(camtoworlds)
+    R, centre = pose[:3, :3], pose[:3, 3]
+    local = (camtoworlds[:, :3, 3] - centre) @ R  # [C, 3] positions in the mean camera's frame
+    radii = np.maximum(np.percentile(np.abs(local), 90, axis=0), 1e-6)
+    target = centre + focus_depth(camtoworlds, points) * R[:, 2]
+    theta = np.linspace(0.0, 2 * np.pi * rotations, n_frames, endpoint=False)
+    offsets = radii * np.stack([np.cos(theta), -np.sin(theta), -np.sin(theta * z_rate)], axis=1)  # [F, 3]
+    eyes = centre + offsets @ R.T
+    up = -R[:, 1]  # look_at's up: the image's down axis points away from it
+    return np.stack([look_at(e, target, up) for e in eyes])
+
+
+def camera_path(kind: str, camtoworlds: np.ndarray, n_frames: int, points: Optional[np.ndarray] = None) -> np.ndarray:
+    """`--render_traj_path`'s path through the training cameras `camtoworlds` [C, 4, 4]; `points`
+    [P, 3] (the scene's sparse points) place a spiral's focus."""
     if kind == "interp":
         return interpolated_path(camtoworlds, n_frames)
     if kind == "ellipse":
         return ellipse_path(camtoworlds, n_frames)
-    raise ValueError(f"--render_traj_path must be interp or ellipse, got {kind!r}")
+    if kind == "spiral":
+        return spiral_path(camtoworlds, n_frames, points)
+    raise ValueError(f"--render_traj_path must be interp, ellipse or spiral, got {kind!r}")

@@ -35,11 +35,12 @@ def depth_image(depth: Tensor, alpha: Tensor) -> Tensor:
 
 def render_path(cfg: Any, ctx: DistContext, camtoworlds: np.ndarray, render_args: Callable[[], Dict[str, Tensor]],
                 K: Tensor, width: int, height: int, render_kwargs: Dict[str, Any], result_dir: Path,
-                step: int) -> Dict[str, Any]:
+                step: int, points: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """--render_only: the camera path of --render_traj_path through the training cameras
-    `camtoworlds` [C_train, 4, 4], as PNG frames (RGB | depth) and an MP4 in R/videos/, seen
-    through `K` [3, 3] at width x height; returns the trainer's metrics of it."""
-    c2w = camera_path(cfg.render_traj_path, camtoworlds, cfg.render_traj_frames)
+    `camtoworlds` [C_train, 4, 4] (`points` [P, 3]: the scene's, for a spiral's focus), as PNG
+    frames (RGB | depth) and an MP4 in R/videos/, seen through `K` [3, 3] at width x height;
+    returns the trainer's metrics of it."""
+    c2w = camera_path(cfg.render_traj_path, camtoworlds, cfg.render_traj_frames, points)
     viewmats = torch.from_numpy(np.linalg.inv(c2w)).float().to(ctx.device)  # [F, 4, 4]
     frames = Path(result_dir) / "videos" / f"traj_{cfg.render_traj_path}_step{step:04d}"
     n = render_frames(render_args, viewmats, K, width, height, ctx, cfg.sh_degree, render_kwargs, frames)

@@ -1,6 +1,7 @@
 """A finished model for the viewer (docs/design.md: checkpoints resume on any W; the PLY is the
 standard 3DGS layout): each of W ranks loads only its contiguous chunk, from a checkpoint
-(re-chunked through `read_meta` / `read_rows`) or from a PLY file (rows read by offset),
+(re-chunked through `read_meta` / `read_rows`), from gsplat's .pt files or from a PLY file (rows
+read by offset: train/model_files.py),
 so `examples/simple_viewer.py` runs on one process or under torchrun alike.
 """
 
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds
 from ..train import checkpoint as ck
-from ..train.export import ply_fields
+from ..train.model_files import is_gsplat_spec, is_ply_spec, open_model, read_ply_layout, read_ply_rows
 from ..train.gaussians import activated
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class LoadedModel:
     sh_degree: int
     render_kwargs: Dict[str, Any]  # the training run's render options, when known
     source: str
+    step: int = 0  # the checkpoint's step (a PLY's: 0)
 
     def activated(self) -> Dict[str, Tensor]:
         return activated(self.params, self.sh_degree)
@@ -63,17 +65,20 @@ def _sh_degree(k: int) -> int:
 
 
 def load_model(path: str, ctx: DistContext) -> LoadedModel:
-    """This rank's chunk of the model at `path` (a .ply file, or a checkpoint directory:
-    R/ckpts/step_N or R/ckpts for the newest). Bad paths raise ValueError naming them."""
+    """This rank's chunk of the model at `path` (a 3DGS .ply file; gsplat's checkpoint .pt files,
+    several joined by os.pathsep; or a checkpoint directory: R/ckpts/step_N or R/ckpts for the
+    newest). Bad paths raise ValueError naming them."""
     p = Path(path)
-    if p.suffix.lower() == ".ply":
-        if not p.is_file():
-            raise ValueError(f"--ckpt {p}: no such PLY file")
-        params, n_all = read_ply_chunk(p, ctx.rank, ctx.world_size)
+    step = 0
+    if is_ply_spec(path) or is_gsplat_spec(path):  # train/model_files.py: read by row range
+        model = open_model(path, "--ckpt")
+        start, end = chunk_bounds(model.n_all, ctx.world_size)[ctx.rank]
+        params, n_all, step = model.rows(start, end), model.n_all, model.step
         kwargs: Dict[str, Any] = {}
+        p = Path(model.describe()) if model.kind == "ply" else model.files[0]
     else:
         meta = ck.read_meta(p)  # CheckpointError (a ValueError) names the path
-        n_all = int(meta["num_gaussians"])
+        n_all, step = int(meta["num_gaussians"]), int(meta["step"])
         start, end = chunk_bounds(n_all, ctx.world_size)[ctx.rank]
         params = ck.read_rows(meta, start, end)["params"]
         cfg = meta["state"].get("config", {})
@@ -85,66 +90,20 @@ def load_model(path: str, ctx: DistContext) -> LoadedModel:
         p = Path(meta["dir"])
     params = {k: v.to(ctx.device).float() for k, v in params.items()}
     sh_degree = _sh_degree(params["shN"].shape[1] + 1)
-    return LoadedModel(params, n_all, sh_degree, kwargs, str(p))
+    return LoadedModel(params, n_all, sh_degree, kwargs, str(p), step)
 
 
 def read_ply_header(path: Path) -> Tuple[int, list, int]:
-    """(vertex count, property names, header bytes) of a binary little-endian float PLY."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    end = head.find(b"end_header\n")
-    if not head.startswith(b"ply\n") or end < 0:
-        raise ValueError(f"--ckpt {path}: not a PLY file")
-    n, names = None, []
-    for line in head[:end].decode("ascii", "replace").splitlines()[1:]:
-        parts = line.split()
-        if parts[:1] in (["format"], ["element"], ["property"]) and len(parts) < 3:
-            raise ValueError(f"--ckpt {path}: malformed PLY header line {line!r}")
-        if parts[:1] == ["format"] and parts[1:2] != ["binary_little_endian"]:
-            raise ValueError(f"--ckpt {path}: PLY format {parts[1]} is not supported "
-                             "(binary_little_endian only)")
-        if parts[:2] == ["element", "vertex"]:
-            if not parts[2].isdigit():
-                raise ValueError(f"--ckpt {path}: PLY vertex count {parts[2]!r} is not a number")
-            n = int(parts[2])
-        elif parts[:1] == ["element"]:
-            raise ValueError(f"--ckpt {path}: unexpected PLY element {parts[1]!r}")
-        elif parts[:1] == ["property"]:
-            if parts[1] != "float":
-                raise ValueError(f"--ckpt {path}: PLY property {parts[-1]} is {parts[1]}, expected float")
-            names.append(parts[2])
-    if n is None:
-        raise ValueError(f"--ckpt {path}: PLY has no vertex element")
-    return n, names, end + len(b"end_header\n")
+    """(vertex count, property names, header bytes) of a binary 3DGS PLY (model_files.py)."""
+    layout = read_ply_layout(Path(path))
+    return layout.n, layout.names, layout.header_bytes
 
 
 def read_ply_chunk(path: Path, rank: int, world_size: int) -> Tuple[Dict[str, Tensor], int]:
     """This rank's rows of a 3DGS PLY as raw parameters (the inverse of export.ply_rows)."""
-    n_all, names, header = read_ply_header(path)
-    n_rest = sum(name.startswith("f_rest_") for name in names)
-    if n_rest % 3 or names != ply_fields(n_rest // 3):
-        raise ValueError(f"--ckpt {path}: PLY properties are not the 3DGS layout "
-                         "(x y z nx ny nz f_dc_* f_rest_* opacity scale_* rot_*)")
-    F = len(names)
-    size = path.stat().st_size
-    if size < header + n_all * F * 4:  # before reading: the header's count must match the file
-        raise ValueError(f"--ckpt {path}: the PLY header announces {n_all} Gaussians ({n_all * F * 4} bytes), the "
-                         f"file holds {max(size - header, 0)} bytes after its header: truncated or damaged")
-    start, end = chunk_bounds(n_all, world_size)[rank]
-    rows = np.fromfile(path, dtype="<f4", count=(end - start) * F, offset=header + start * F * 4)
-    rows = torch.from_numpy(rows.reshape(end - start, F).copy())  # [N, F]
-    col = {name: i for i, name in enumerate(names)}
-    k1 = n_rest // 3
-    rest = rows[:, col["f_dc_2"] + 1: col["f_dc_2"] + 1 + n_rest]
-    params = {
-        "means": rows[:, 0:3],
-        "sh0": rows[:, col["f_dc_0"]: col["f_dc_0"] + 3].reshape(-1, 1, 3),
-        "shN": rest.reshape(len(rows), 3, k1).transpose(1, 2).contiguous(),  # channel-major on disk
-        "opacities": rows[:, col["opacity"]],
-        "scales": rows[:, col["scale_0"]: col["scale_0"] + 3],
-        "quats": rows[:, col["rot_0"]: col["rot_0"] + 4],
-    }
-    return params, n_all
+    layout = read_ply_layout(Path(path))
+    start, end = chunk_bounds(layout.n, world_size)[rank]
+    return read_ply_rows(Path(path), start, end, layout=layout), layout.n
 
 
 def model_view(means: Tensor) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -94,6 +94,12 @@ def _app(trainer: Trainer) -> Optional[Dict[str, torch.Tensor]]:
     return {"embeds": app.table(), "mlp": torch.cat([p.detach().reshape(-1) for p in app.mlp.parameters()])}
 
 
+def _bilagrid(trainer: Trainer) -> Optional[torch.Tensor]:
+    """--use_bilateral_grid's grids on this rank: [n_train, 12, L, Y, X], NaN off its own images."""
+    grids = getattr(trainer, "bilagrid", None)
+    return None if grids is None else grids.table()
+
+
 def _params(trainer: Trainer) -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.params.items()}
 
@@ -123,6 +129,9 @@ def to_float64(trainer: Trainer, global_batch: int, anisotropic: float = 0.0) ->
     if getattr(trainer, "app", None) is not None:  # appearance optimization (issue 18)
         trainer.app.global_batch = global_batch
         trainer.app.to(torch.float64)
+    if getattr(trainer, "bilagrid", None) is not None:  # bilateral grids (issue 46)
+        trainer.bilagrid.global_batch = global_batch
+        trainer.bilagrid.to(torch.float64)
     if "grad2d" in trainer.strategy_state:  # DefaultStrategy's gradient sum (gsplat's is float32)
         trainer.strategy_state["grad2d"] = torch.zeros(len(trainer.params["means"]), dtype=torch.float64)
 
@@ -139,6 +148,8 @@ def record_adam(trainer: Trainer) -> Dict[str, Any]:
         optimizers["pose"] = trainer.pose.optimizer
     if getattr(trainer, "app", None) is not None:
         optimizers["app_embeds"], optimizers["app_mlp"] = trainer.app.embed_opt, trainer.app.mlp_opt
+    if getattr(trainer, "bilagrid", None) is not None:
+        optimizers["bilagrid"] = trainer.bilagrid.optimizer
     for name, opt in optimizers.items():
         r = rec[name] = {"grad": [], "denom": [], "lr": []}
         whole = name in trainer.optimizers  # one [N, ...] tensor per step, else flattened
@@ -206,7 +217,7 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
                "uid": trainer.strategy_state["uid"].clone(), "events": events,
                "seed": trainer.strategy_state.get("seed"),
                "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone(),
-               "app": _app(trainer)}
+               "app": _app(trainer), "bilagrid": _bilagrid(trainer)}
         if rec is not None:  # per step: lists (rows change at refine steps), learning rates [T]
             out["adam"] = {k: (r if k == "uid" else {**r, "lr": torch.tensor(r["lr"])}) for k, r in rec.items()}
         return out
@@ -262,7 +273,7 @@ def resume(ctx, cfg: Config) -> Dict[str, Any]:
                 "start_step": trainer.start_step, "rng": torch.get_rng_state(),
                 "uid": trainer.strategy_state["uid"].clone(),
                 "pose": None if getattr(trainer, "pose", None) is None else trainer.pose.deltas.detach().clone(),
-                "app": _app(trainer)}
+                "app": _app(trainer), "bilagrid": _bilagrid(trainer)}
     finally:
         trainer.cleanup()
 

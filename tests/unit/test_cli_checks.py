@@ -50,28 +50,6 @@ def test_eval_and_render_only_need_a_checkpoint(flag):
     cfg.validate()
 
 
-def test_gsplat_only_flags_name_themselves_and_what_to_do():
-    """gsplat's simple_trainer flags distsplat does not take are one clear error in any
-    spelling tyro would accept; --disable_video (nothing to do here) and --camera_model
-    pinhole (what distsplat renders) are dropped; every other argument passes untouched."""
-    from distsplat.cli import GSPLAT_ONLY, gsplat_only_flags
-
-    for name, why in GSPLAT_ONLY.items():
-        for spelled in (f"--{name}", f"--{name.replace('_', '-')}", f"--no-{name.replace('_', '-')}", f"--{name}=1"):
-            with pytest.raises(ValueError) as e:
-                gsplat_only_flags(["default", "--max_steps", "5", spelled, "3"])
-            assert str(e.value) == f"{spelled} is a flag of gsplat's trainer that distsplat does not take: {why}"
-    args = ["default", "--data_dir", "d", "--disable_video", "--camera_model", "pinhole", "--camera-model=pinhole",
-            "--max_steps", "5", "--strategy.refine_every", "100", "--no-disable-viewer"]
-    kept, notes = gsplat_only_flags(args)
-    assert kept == ["default", "--data_dir", "d", "--max_steps", "5", "--strategy.refine_every", "100",
-                    "--no-disable-viewer"]
-    assert notes == ["ignoring --disable_video: distsplat renders no video while training (videos: --render_only)"]
-    with pytest.raises(ValueError, match="--camera_model fisheye: distsplat renders pinhole cameras"):
-        gsplat_only_flags(["default", "--camera_model", "fisheye"])
-    assert gsplat_only_flags(["mcmc", "--help"]) == (["mcmc", "--help"], [])
-
-
 def test_a_batch_too_large_for_the_ranks_names_the_flags():
     from distsplat.train.scene_setup import check_batch_size
 

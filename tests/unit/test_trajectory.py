@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from distsplat.data import make_synthetic_scene
-from distsplat.train.trajectory import camera_path, ellipse_path, focus_point, interpolated_path
+from distsplat.train.trajectory import camera_path, ellipse_path, focus_depth, focus_point, interpolated_path
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 
@@ -50,8 +50,8 @@ def test_ellipse_circles_the_focus_point_in_the_cameras_plane(c2w):
     assert np.ptp(height) < 1e-9 and abs(height[0] - (c2w[:, :3, 3] @ up).mean()) < 1e-9
     r = np.linalg.norm(eye - height[:, None] * up, axis=1)
     assert 3.0 < r.min() and r.max() < 4.2  # the ring's radius is 4 (90th percentile of the spread)
-    with pytest.raises(ValueError, match="--render_traj_path"):
-        camera_path("spiral", c2w, 4)
+    with pytest.raises(ValueError, match="--render_traj_path must be interp, ellipse or spiral"):
+        camera_path("helix", c2w, 4)
 
 
 def test_ellipse_of_a_partial_capture_sweeps_only_the_seen_arc():
@@ -71,3 +71,35 @@ def test_ellipse_of_a_partial_capture_sweeps_only_the_seen_arc():
     eyes = ellipse_path(make_synthetic_scene(num_cameras=8).camtoworlds, 60)[:, :3, 3]  # a ring around the origin
     eyes /= np.linalg.norm(eyes, axis=1, keepdims=True)
     assert eyes[0] @ eyes[30] < -0.9  # all the way round: half-way is the other side
+
+
+def test_spiral_of_a_forward_facing_capture():
+    """gsplat's `--render_traj_path spiral` (LLFF's forward-facing path): cameras on a 3 x 3 grid
+    in the plane x = 0 looking along +x, points at depths 2 to 10 ahead. The spiral stays
+    around the mean camera (within the grid's spread, on both sides of it), moves along the
+    view axis too, and every frame looks at the focus point ahead of it, which sits between
+    near and far 3/4 of the way in disparity."""
+    from distsplat.data.synthetic import look_at
+
+    up = np.array([0.0, 0.0, 1.0])
+    eyes = [np.array([0.0, y, z]) for y in (-0.5, 0.0, 0.5) for z in (-0.3, 0.0, 0.3)]
+    c2w = np.stack([look_at(e, e + np.array([1.0, 0.0, 0.0]), up) for e in eyes])
+    rng = np.random.default_rng(0)
+    points = np.stack([rng.uniform(2.0, 10.0, 2000), rng.uniform(-1, 1, 2000), rng.uniform(-1, 1, 2000)], 1)
+    d = np.concatenate([(points - e) @ np.array([1.0, 0.0, 0.0]) for e in eyes])
+    near, far = np.percentile(d, [1, 99])
+    depth = focus_depth(c2w, points)
+    assert depth == pytest.approx(1 / (0.25 / near + 0.75 / far), rel=1e-12)
+    assert near < depth < far
+    path = camera_path("spiral", c2w, 40, points)
+    rotations_ok(path)
+    pos = path[:, :3, 3]
+    assert np.abs(pos[:, 1]).max() <= 0.5 + 1e-9 and np.abs(pos[:, 2]).max() <= 0.3 + 1e-9
+    assert pos[:, 1].min() < -0.4 and pos[:, 1].max() > 0.4 and pos[:, 2].min() < -0.2 and pos[:, 2].max() > 0.2
+    assert np.ptp(pos[:, 0]) > 0  # and along the view axis (the grid has no spread there: radius 1e-6)
+    target = np.array([depth, 0.0, 0.0])
+    to_target = (target - pos) / np.linalg.norm(target - pos, axis=1, keepdims=True)
+    assert np.allclose(path[:, :3, 2], to_target, atol=1e-9)
+    assert (path[:, :3, 1] @ up < -0.5).all()  # upright, as the training cameras
+    # without points: the axes are parallel (they meet nowhere ahead): the cameras' extent
+    assert focus_depth(c2w) == pytest.approx(np.hypot(0.5, 0.3), rel=1e-12)
