@@ -248,7 +248,16 @@ def gpu_headline(d) -> str:
             f"{d['scene']['width']}x{d['scene']['height']}), exchange priced from stated link figures: "
             + "; ".join(parts) + f". Published: gsplat docs {a['gsplat_docs_4gpu']['speedup']}x (4 GPUs), "
             f"Grendel-GS {a['grendel_4xA100_bs4']['speedup']}x (4xA100, batch 4). Largest uncertainty: "
-            + d["largest_uncertainty"].split(". ")[0] + ". Details in the GPU-timed scaling section.")
+            + d["largest_uncertainty"].split(". ")[0] + "." + STALE_STAGES * (not d.get("stages"))
+            + " Details in the GPU-timed scaling section.")
+
+
+# What is known against a prediction whose stages were timed by a re-implementation (before
+# scaling_gpu.py timed the trainer's own step by range): its loss was the convolution SSIM on every
+# virtual rank, per-image work that divides by W, where the trainer runs fused-ssim on a GPU.
+STALE_STAGES = (" **Inflated**: that step re-implemented the loss with the convolution SSIM on every virtual "
+                "rank, which the trainer no longer runs on a GPU (fused-ssim), so the per-image work that "
+                "divides by W was overstated; `scaling_gpu.py` now times the trainer's own step, not re-run yet.")
 
 
 def section_gpu_model(d) -> str:
@@ -344,7 +353,7 @@ def section_batch_quality(d, gpu_model=None) -> str:
                 f"of the GPU-timed step ({src(gpu_model)}, NVLink): " + "; ".join(lines)
                 + ". Published: gsplat 3.12x (4 GPUs, `--steps_scaler 0.25`, whole run), Grendel-GS 4.07x "
                 "(throughput, 4xA100, batch 4). Assumes the CPU study's batch behaviour carries to thermos at full "
-                "size and 7k steps, and the GPU step as last timed.", ""]
+                "size and 7k steps, and the GPU step as last timed." + STALE_STAGES * (not gpu_model.get("stages")), ""]
     out += [provenance(d), ""]
     return "\n".join(out)
 

@@ -431,7 +431,7 @@ def data_factor_zero(b: Bench):
     return ["--data_dir", str(b.colmap()), "--data_factor", "0"]
 
 
-@case("--with_ut is a flag of gsplat's trainer that distsplat does not take: 3DGUT rendering")
+@case("--with_ut is a flag of gsplat's trainer that distsplat does not take: 3DGUT (gsplat's unscented-transform projection")
 def gsplat_only_flag(b: Bench):
     return [*TINY_FLAGS, "--with_ut"]
 
