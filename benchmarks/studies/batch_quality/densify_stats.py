@@ -10,12 +10,12 @@ quantiles, how many pass grow_grad2d), then what growth and pruning did (duplica
 pruned by opacity, by size), the opacity distribution, the Gaussians after.
 
     nice -n 10 python benchmarks/studies/batch_quality/densify_stats.py
+    SCENE=thermos IMAGES=400 EVAL_EVERY=400 PARALLEL=1 nice -n 10 python benchmarks/studies/batch_quality/densify_stats.py
     SCENE=thermos BATCHES="1 16" SEEDS="42 43" nice -n 10 python benchmarks/studies/batch_quality/densify_stats.py
 
 Environment (defaults): SCENE (builtin | thermos, at --data_factor FACTOR=16), BATCHES ("1 16"),
 SEEDS ("42"), IMAGES (960), EVAL_EVERY (96), EXTRA (flags added to every run, e.g.
-"--strategy.batch_invariant False"), PARALLEL (2), NAME (densify_stats_<scene>). Every finished
-run is written into the JSON at once (a killed study keeps what it measured) and skipped when
+"--opacities_lr 0.014"), PARALLEL (2), NAME (densify_stats_<scene>). Every finished run is written into the JSON at once (a killed study keeps what it measured) and skipped when
 the script runs again with RESUME=<that file>."""
 
 from __future__ import annotations
