@@ -15,8 +15,9 @@ pruned by opacity, by size), the opacity distribution, the Gaussians after.
 
 Environment (defaults): SCENE (builtin | thermos, at --data_factor FACTOR=16), BATCHES ("1 16"),
 SEEDS ("42"), IMAGES (960), EVAL_EVERY (96), EXTRA (flags added to every run, e.g.
-"--opacities_lr 0.014"), PARALLEL (2), NAME (densify_stats_<scene>). Every finished run is written into the JSON at once (a killed study keeps what it measured) and skipped when
-the script runs again with RESUME=<that file>."""
+"--opacities_lr 0.014"), PARALLEL (2), NAME (densify_stats_<scene>). Every finished run is
+written into the JSON at once (a killed study keeps what it measured) and skipped when the
+script runs again with RESUME=<that file>."""
 
 from __future__ import annotations
 
