@@ -10,7 +10,8 @@ quantiles, how many pass grow_grad2d), then what growth and pruning did (duplica
 pruned by opacity, by size), the opacity distribution, the Gaussians after.
 
     nice -n 10 python benchmarks/studies/batch_quality/densify_stats.py
-    SCENE=thermos IMAGES=400 EVAL_EVERY=400 PARALLEL=1 nice -n 10 python benchmarks/studies/batch_quality/densify_stats.py
+    SCENE=thermos IMAGES=400 EVAL_EVERY=400 PARALLEL=1 \
+        nice -n 10 python benchmarks/studies/batch_quality/densify_stats.py
     SCENE=thermos BATCHES="1 16" SEEDS="42 43" nice -n 10 python benchmarks/studies/batch_quality/densify_stats.py
 
 Environment (defaults): SCENE (builtin | thermos, at --data_factor FACTOR=16), BATCHES ("1 16"),

@@ -52,7 +52,8 @@ def main() -> None:
     data = [] if scene == "builtin" else ["--data_dir", str(Path(data_dir()) / scene),
                                           "--data_factor", os.environ.get("FACTOR", "16")]
     with tempfile.TemporaryDirectory(prefix="gradient_agreement_") as tmp:
-        argv = ["default", "--max_steps", str(images), "--eval_steps", str(10 ** 6), "--save_steps", str(10 ** 6), "--no-save-ply",
+        never = str(10 ** 6)
+        argv = ["default", "--max_steps", str(images), "--eval_steps", never, "--save_steps", never, "--no-save-ply",
                 "--result_dir", tmp, "--num_workers", "1", "--strategy.refine_start_iter", str(10 ** 6),
                 *[a for k in ("means", "scales", "quats", "opacities", "sh0", "shN") for a in (f"--{k}_lr", "0")],
                 *data]
