@@ -6,10 +6,13 @@ and its visiting order (each step a global batch of B images, every grid steppin
 step). What the grid reaches here bounds what it can do while the Gaussians learn too.
 
     nice -n 10 python benchmarks/studies/extras/grid_only_fit.py
+    CKPT=R python benchmarks/studies/extras/grid_only_fit.py   # R: a bench run's --result_dir
 
 Environment (defaults): STEPS ("1500 6000"), SHAPES ("16,16,8"), B (2), EXPOSURE (1.5), WB (0.1).
 Prints one line per (steps, shape): the targets' PSNR against the identity grid and after the fit,
-and the worst image's; writes nothing (a study, not a result)."""
+and the worst image's; writes nothing (a study, not a result). With CKPT (the built-in scene's
+default seed and split): instead, what the grids a training run learned do to gray inputs against
+the known gains: their slope and correlation in log space (1 and 1: the grids hold the whole change)."""
 
 from __future__ import annotations
 
@@ -54,8 +57,25 @@ def fit(clean: torch.Tensor, target: torch.Tensor, steps: int, shape, B: int, sc
         return slice_grids(grids.grids, clean)
 
 
+def learned_gains(result_dir: str, E: float, wb: float) -> None:
+    """The grids of a run's newest checkpoint on gray inputs v: their per-channel gain against the known one."""
+    shard = sorted(Path(result_dir).glob("ckpts/step_*/rank_0000.pt"))[-1]
+    grids = torch.load(shard, map_location="cpu", weights_only=True)["bilateral_grid"]["grids"].double()
+    idx = np.arange(32)
+    train = idx[idx % 8 != 0]  # the built-in scene's split (32 cameras, --test_every 8)
+    lg = np.log(appearance_gains(32, E, wb, 0, train=train)[train])  # [n_train, 3]
+    for v in (0.2, 0.4, 0.6):
+        rgb = torch.full((len(grids), 8, 8, 3), v, dtype=torch.float64)
+        le = np.log(slice_grids(grids, rgb).mean((1, 2)).numpy() / v)
+        print(f"{shard.parent.name}, gray {v}: learned gain's slope on the known one (log) "
+              f"{(lg * le).sum() / (lg * lg).sum():.3f}, correlation {np.corrcoef(lg.ravel(), le.ravel())[0, 1]:.3f}, "
+              f"geometric mean {np.exp(le.mean(0)).round(3).tolist()}")
+
+
 def main() -> None:
     torch.set_num_threads(1)
+    if os.environ.get("CKPT"):
+        return learned_gains(os.environ["CKPT"], float(os.environ.get("EXPOSURE", 1.5)), float(os.environ.get("WB", 0.1)))
     E, wb, B = float(os.environ.get("EXPOSURE", 1.5)), float(os.environ.get("WB", 0.1)), int(os.environ.get("B", 2))
     scene = make_tabletop_scene(num_cameras=32, width=96, height=72, detail=1.0, test_every=8, seed=0)
     train = scene.train.tolist()
