@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Dict, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import numpy as np
 
@@ -93,13 +93,26 @@ def attach_images(scene: Scene, images: Union[Sequence[np.ndarray], Callable[[in
     return scene
 
 
-def appearance_gains(n: int, exposure: float, white_balance: float, seed: int) -> np.ndarray:
+def appearance_gains(n: int, exposure: float, white_balance: float, seed: int,
+                     train: Optional[Sequence[int]] = None) -> np.ndarray:
     """[n, 3] known per-image, per-channel gains, as a phone's auto exposure and white balance
     change from frame to frame: a brightness factor log-uniform in [1/exposure, exposure] times a
-    channel factor uniform in [1 - white_balance, 1 + white_balance] (seeded; all 1 with none)."""
+    channel factor uniform in [1 - white_balance, 1 + white_balance] (seeded; all 1 with none).
+
+    With `train` (the images that get them), each channel's gains over those images are divided
+    by their geometric mean: the training images then average, in log space, to the scene's own
+    colours, which the test images keep. A global colour transform of all training images
+    cannot be told from the scene's colours (nothing anchors it: a bilateral grid or an
+    appearance model absorbs it either way), so a draw that left one (28 images of the built-in
+    scene at seed 0: green 2.5% dark in the geometric mean, 5.4% in the median that an L1 loss
+    follows) would be scored as the model's error by the plain test PSNR."""
     rng = np.random.default_rng((seed, 46))
     brightness = np.exp(rng.uniform(-np.log(exposure), np.log(exposure), size=(n, 1)))
-    return brightness * rng.uniform(1 - white_balance, 1 + white_balance, size=(n, 3))
+    gains = brightness * rng.uniform(1 - white_balance, 1 + white_balance, size=(n, 3))
+    if train is not None and len(train):
+        rows = np.asarray(train, dtype=np.int64)
+        gains[rows] /= np.exp(np.log(gains[rows]).mean(0))
+    return gains
 
 
 def apply_gains(image: np.ndarray, gains: np.ndarray) -> np.ndarray:

@@ -35,7 +35,8 @@ class SyntheticConfig:
     exposure: float = 1.0
     """Scale each training image's brightness by a known factor, log-uniform in [1/E, E] (seeded), as a phone's
     auto exposure changes from frame to frame (for --use_bilateral_grid or --app_opt to learn); the test images
-    keep the scene's own colours. 1: no change."""
+    keep the scene's own colours, which the training images' gains average to (each channel's geometric mean over
+    them is 1). 1: no change."""
     white_balance: float = 0.0
     """Scale each training image's channels by known factors uniform in [1 - WB, 1 + WB] (white balance)."""
 

@@ -43,7 +43,9 @@ def load_scene(cfg: Config) -> Scene:
         if s.exposure == 1.0 and s.white_balance == 0.0:
             return attach_images(scene, lambda i: render_ground_truth(scene, i))
         # --synthetic.exposure / white_balance: the training images as a phone's changing ISP makes them
-        gains, train = appearance_gains(scene.num_cameras, s.exposure, s.white_balance, s.seed), set(scene.train.tolist())
+        # (no global bias over the training images: appearance_gains)
+        gains = appearance_gains(scene.num_cameras, s.exposure, s.white_balance, s.seed, train=scene.train)
+        train = set(scene.train.tolist())
         return attach_images(scene, lambda i: apply_gains(render_ground_truth(scene, i), gains[i]) if i in train
                              else render_ground_truth(scene, i))
     shards = shard_index(cfg.data_dir, cfg.data_shards)

@@ -123,14 +123,21 @@ def test_the_built_in_scene_with_a_known_exposure_change():
     from distsplat.train.config import SyntheticConfig, default_config
     from distsplat.train.scene_setup import load_scene, render_ground_truth
 
-    gains = appearance_gains(12, 1.5, 0.1, 1)
-    assert gains.shape == (12, 3) and np.array_equal(gains, appearance_gains(12, 1.5, 0.1, 1))
-    assert 1 / 1.5 * 0.9 <= gains.min() and gains.max() <= 1.5 * 1.1 and np.ptp(gains) > 0.3
+    raw = appearance_gains(12, 1.5, 0.1, 1)
+    assert raw.shape == (12, 3) and np.array_equal(raw, appearance_gains(12, 1.5, 0.1, 1))
+    assert 1 / 1.5 * 0.9 <= raw.min() and raw.max() <= 1.5 * 1.1 and np.ptp(raw) > 0.3
     cfg = default_config()
     cfg.synthetic = SyntheticConfig(kind="ball", num_cameras=12, num_gaussians=200, width=32, height=24, seed=1,
                                     exposure=1.5, white_balance=0.1)
     cfg.validate()
     scene = load_scene(cfg)
+    train = scene.train
+    gains = appearance_gains(12, 1.5, 0.1, 1, train=train)
+    # The training images' gains: the raw draw over its geometric mean per channel, so that
+    # they average (in log space) to the scene's own colours, the test images'
+    assert np.abs(np.log(raw[train]).mean(0)).max() > 1e-3  # this draw had a global bias
+    np.testing.assert_allclose(np.log(gains[train]).mean(0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(gains[train] / raw[train], np.broadcast_to(gains[train[0]] / raw[train[0]], (len(train), 3)))
     for i in (0, 1, 2, 8):  # test, train, train, test
         img = scene.images.read(i)
         gt = render_ground_truth(scene, i)
