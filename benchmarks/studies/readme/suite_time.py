@@ -51,6 +51,7 @@ def main() -> None:
                 "--dist loadfile, from pyproject.toml's addopts); cpu_*_s: every process of the suite, "
                 "its ranks included.",
     })
+    print("\n".join(ln for ln in lines if ln.startswith(("FAILED", "ERROR"))) or "no test failed")
     print(summary)
     print(f"{wall:.0f} s wall, {usage.ru_utime + usage.ru_stime:.0f} s CPU -> {path}")
     sys.exit(proc.returncode)
