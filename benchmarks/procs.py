@@ -117,3 +117,21 @@ def prewarm(trainer) -> None:
     cache = trainer.cache
     for cam in cache.own:
         cache.read_into(cam, np.empty(cache.specs[cam].shape, dtype=np.uint8))
+
+
+def worker_pids(agent: int) -> Dict[int, int]:
+    """{rank: pid} of torchrun's workers (children of the agent process). Each runs in a
+    session of its own, so killing torchrun's process group leaves them running."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) != agent:
+                continue
+            env = dict(kv.split("=", 1) for kv in (d / "environ").read_text().split("\0") if "=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue
+        if "RANK" in env:
+            out[int(env["RANK"])] = int(d.name)
+    return out

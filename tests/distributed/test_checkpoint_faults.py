@@ -29,6 +29,7 @@ import ckpt_writer as cw
 from distsplat.distributed import chunk_bounds
 from distsplat.train import checkpoint as ck
 
+from benchmarks.procs import worker_pids
 from harness import FORKSERVER_PRELOAD
 from torchrun_cli import TINY_FLAGS, TRAINER, REPO, torchrun
 
@@ -185,24 +186,6 @@ def test_a_bad_shard_that_one_rank_reads_is_refused_by_every_rank(run_workers, t
 
 
 # ------------------------------------------------------------------------------ real CLI
-def worker_pids(agent: int) -> Dict[int, int]:
-    """{rank: pid} of torchrun's workers (children of the agent process). Each runs in a
-    session of its own, so killing torchrun's process group leaves them running."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) != agent:
-                continue
-            env = dict(kv.split("=", 1) for kv in (d / "environ").read_text().split("\0") if "=" in kv)
-        except (OSError, ValueError, IndexError):
-            continue
-        if "RANK" in env:
-            out[int(env["RANK"])] = int(d.name)
-    return out
-
-
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import pytest
 import torch
 
-from torchrun_cli import torchrun
+from torchrun_cli import checkpoint_tensors, torchrun
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 
@@ -37,20 +37,6 @@ def train(out: Path, strategy_args: List[str], nproc: int = 2, extra=()) -> None
     assert p.returncode == 0, p.stderr[-3000:]
 
 
-def shard_tensors(run: Path) -> Dict[str, torch.Tensor]:
-    d = run / "ckpts" / f"step_{STEPS:06d}"
-    meta = json.loads((d / "meta.json").read_text())
-    out = {}
-    for s in meta["shards"]:
-        payload = torch.load(d / s["file"], weights_only=True)
-        for group in ("params", "per_gaussian"):
-            out.update({f"{s['file']}/{group}/{k}": v for k, v in payload[group].items()})
-        for k, state in payload["optim"].items():
-            out.update({f"{s['file']}/optim/{k}/{n}": v for n, v in state.items()})
-        out[f"{s['file']}/rng"] = payload["rng"]["cpu"]
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(RUNS))
 def test_same_seed_and_world_size_give_bit_identical_results(tmp_path, strategy):
@@ -64,7 +50,7 @@ def test_same_seed_and_world_size_give_bit_identical_results(tmp_path, strategy)
     assert sa["num_GS"] != 400  # densification ran (and drew random numbers)
     ply = f"ply/point_cloud_{STEPS:04d}.ply"
     assert (a / ply).read_bytes() == (b / ply).read_bytes()
-    ta, tb = shard_tensors(a), shard_tensors(b)
+    ta, tb = checkpoint_tensors(a / "ckpts" / f"step_{STEPS:06d}"), checkpoint_tensors(b / "ckpts" / f"step_{STEPS:06d}")
     assert ta.keys() == tb.keys() and len(ta) > 20
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k

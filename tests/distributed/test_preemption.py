@@ -10,7 +10,6 @@ from outside, and in the phase test one rank sends a signal to itself at the cho
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -25,26 +24,12 @@ import torch
 
 from distsplat.train import checkpoint as ck
 from preemption_workers import STEPS, args
-from torchrun_cli import REPO, torchrun_cmd, torchrun_env
+from torchrun_cli import REPO, checkpoint_tensors, torchrun_cmd, torchrun_env
 
 pytestmark = pytest.mark.slow
 
-def final_tensors(ckpt: Path) -> Dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint's shards (parameters, Adam moments, ids, accumulators, RNG)."""
-    meta = json.loads((ckpt / "meta.json").read_text())
-    out = {}
-    for s in meta["shards"]:
-        payload = torch.load(ckpt / s["file"], weights_only=True)
-        for group in ("params", "per_gaussian"):
-            out.update({f"{s['file']}/{group}/{k}": v for k, v in payload[group].items()})
-        for k, st in payload["optim"].items():
-            out.update({f"{s['file']}/optim/{k}/{n}": v for n, v in st.items()})
-        out[f"{s['file']}/rng"] = payload["rng"]["cpu"]
-    return out
-
-
 def assert_same_model(a: Path, b: Path) -> None:
-    ta, tb = final_tensors(a), final_tensors(b)
+    ta, tb = checkpoint_tensors(a), checkpoint_tensors(b)
     assert ta.keys() == tb.keys() and len(ta) > 20
     different = [k for k in ta if not (ta[k].shape == tb[k].shape and torch.equal(ta[k], tb[k]))]
     assert not different, (a, b, different)

@@ -3,12 +3,15 @@ end to end (test_trainer.py, test_bad_input_catalog.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
+
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "simple_trainer.py"
@@ -107,3 +110,17 @@ def torchrun_nodes(args: Sequence[str], nnodes: int = 2, nproc: int = 2, timeout
         for out, err in logs:
             out.close()
             err.close()
+
+
+def checkpoint_tensors(ckpt: Path) -> Dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's shards (parameters, Adam moments, ids, accumulators, RNG)."""
+    meta = json.loads((ckpt / "meta.json").read_text())
+    out = {}
+    for s in meta["shards"]:
+        payload = torch.load(ckpt / s["file"], weights_only=True)
+        for group in ("params", "per_gaussian"):
+            out.update({f"{s['file']}/{group}/{k}": v for k, v in payload[group].items()})
+        for k, st in payload["optim"].items():
+            out.update({f"{s['file']}/optim/{k}/{n}": v for n, v in st.items()})
+        out[f"{s['file']}/rng"] = payload["rng"]["cpu"]
+    return out

@@ -43,6 +43,7 @@ sys.path[:0] = [str(REPO)]
 
 from benchmarks.common import write_result  # noqa: E402
 from benchmarks.paths import data_dir  # noqa: E402
+from benchmarks.procs import worker_pids  # noqa: E402
 
 STEP_LINE = re.compile(r"^(\S+ \S+) INFO distsplat\.train\.trainer: step (\d+)/\d+:", re.M)
 STOP_LINE = re.compile(r"distsplat: preempted at step (\d+) by (\S+): checkpoint saved to (\S+) in ([\d.]+) s")
@@ -79,7 +80,7 @@ def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 9
 def stop(proc: subprocess.Popen) -> None:
     """torchrun and its workers (each in a session of its own: killing torchrun's leaves them running)."""
     if proc.poll() is None:
-        for pid in workers(proc.pid).values():
+        for pid in worker_pids(proc.pid).values():
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -104,25 +105,8 @@ def stalls(text: str, regular: List[int], interim: List[int]) -> Dict[str, Any]:
             "interim_save_extra_s": over(interim)}
 
 
-def workers(agent: int) -> Dict[int, int]:
-    """{rank: pid} of torchrun's workers (children of the agent process)."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) != agent:
-                continue
-            env = dict(kv.split("=", 1) for kv in (d / "environ").read_text().split("\0") if "=" in kv)
-        except (OSError, ValueError, IndexError):
-            continue
-        if "RANK" in env:
-            out[int(env["RANK"])] = int(d.name)
-    return out
-
-
 def worker_pid(agent: int, rank: int) -> int:
-    found = workers(agent)
+    found = worker_pids(agent)
     if rank not in found:
         raise RuntimeError(f"no rank {rank} under {agent}")
     return found[rank]
