@@ -18,7 +18,7 @@ This driver changes none of those files; at runtime, before gsplat's `__main__` 
    `--disable_video` is added (it only renders a video after the eval).
 5. Only with PEER_RESET=1: gsplat 1.5.3's DefaultStrategy tests `step % self.reset_every
    == 0 & step > 0`, a chained comparison that is never true, so its trainer never resets
-   opacities; distsplat's DefaultStrategy (distsplat/train/strategies.py) does, every
+   opacities; distsplat's DefaultStrategy (distsplat/train/model/strategies.py) does, every
    `reset_every` steps before `refine_stop_iter`. PEER_RESET=1 adds that reset after gsplat's
    own step_post_backward (gsplat's `reset_opa`, the value its code intends), so the two
    trainers run the same schedule; the result is gsplat_peer_<strategy>_reset.json. Without
@@ -141,9 +141,9 @@ def stub_lpips() -> None:
 def reset_repaired(step_post_backward: Callable[..., None]) -> Callable[..., None]:
     """gsplat's DefaultStrategy.step_post_backward followed by the opacity reset its code
     intends (point 5 of the module doc): distsplat's own rule and call,
-    distsplat.train.strategies.reset_opacities_if_due (gsplat's reset_opa at 0 < step <
+    distsplat.train.model.strategies.reset_opacities_if_due (gsplat's reset_opa at 0 < step <
     refine_stop_iter, step a multiple of reset_every)."""
-    from distsplat.train.strategies import reset_opacities_if_due
+    from distsplat.train.model.strategies import reset_opacities_if_due
 
     def step_post_backward_with_reset(self: Any, params: Any, optimizers: Any, state: Any, step: int,
                                       info: Any, packed: bool = False) -> None:

@@ -178,7 +178,7 @@ def write_garden_scene(folder: Path, small: bool) -> Dict[str, Any]:
     from scipy.spatial.transform import Rotation
 
     from distsplat.data import colmap_io
-    from distsplat.train.gaussians import knn_mean_distance
+    from distsplat.train.model.gaussians import knn_mean_distance
 
     d = np.load(garden_path())
     pts = d["means3d"].astype(np.float64)

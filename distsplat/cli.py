@@ -2,7 +2,7 @@
 and `mcmc` as gsplat's simple_trainer; gsplat's flags that distsplat does not take: gsplat_flags.py), run one
 rank's training (`Trainer.run` owns its lifecycle), and turn a failure into one line and an
 exit code (2: bad input, 1: any other failure, 75: stopped by a signal with its checkpoint saved,
-train/preemption.py). Runs unchanged under `python` (one process)
+train/guards/preemption.py). Runs unchanged under `python` (one process)
 and `torchrun --nproc_per_node=W` (gloo on CPU, nccl on GPUs). It sits beside the app, above
 train/ (docs/design.md layers): train never parses the command line."""
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 from .distributed import destroy, init_distributed, is_peer_failure, record_for_launcher, setup_logging
 from .gsplat_flags import translate as translate_gsplat_flags
 from .train.config import Config, default_config, mcmc_config
-from .train.preemption import EXIT_PREEMPTED
+from .train.guards.preemption import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from .train.trainer import Extension

@@ -28,8 +28,8 @@ from tyro.conf import Positional
 
 from .cli import exit_bad_input
 from .distributed import DistContext, barrier, destroy, gather_counts, init_distributed, raise_together, setup_logging
-from .train.export import create_ply, ply_header, ply_rows, write_ply_rows
-from .train.model_files import gsplat_name, write_gsplat_pt
+from .train.files.export import create_ply, ply_header, ply_rows, write_ply_rows
+from .train.files.model_files import gsplat_name, write_gsplat_pt
 from .viewer.model import load_model
 
 

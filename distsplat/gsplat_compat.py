@@ -4,7 +4,7 @@ distsplat uses gsplat's public API (`gsplat.fully_fused_projection`, `gsplat.str
 strategies and ops, ...) anywhere, and gsplat's internals only here:
 
 - its pure-torch reference pieces (`gsplat.cuda._torch_impl`): SH, SH bases, covariances;
-- the strategies' private steps, which our strategies replace (train/strategies.py): the
+- the strategies' private steps, which our strategies replace (train/model/strategies.py): the
   default strategy's `_update_state` / `_grow_gs` and MCMC's `_add_new_gs` call public-named
   hooks here, and the rules of gsplat's own steps we must predict (MCMC's growth, its dead
   Gaussians) are written here;

@@ -52,7 +52,7 @@ def main() -> int:
     except Exception as e:  # ImportError, or an OSError from its .so
         fail("fused-ssim", f"import failed ({type(e).__name__}: {e}); carry .gsplat_peer (its site/ holds the "
                            "sm_90 build, scripts/prepare_gsplat_peer.sh)")
-    from distsplat.train.losses import resolve_ssim_impl
+    from distsplat.train.scoring.losses import resolve_ssim_impl
 
     try:
         impl = resolve_ssim_impl("fused", torch.device("cuda", 0))

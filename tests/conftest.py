@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.paths import data_dir
 
-os.environ["DISTSPLAT_NO_DOWNLOAD"] = "1"  # distsplat.train.lpips.NO_DOWNLOAD_ENV
+os.environ["DISTSPLAT_NO_DOWNLOAD"] = "1"  # distsplat.train.scoring.lpips.NO_DOWNLOAD_ENV
 
 SHARED_DATA = data_dir()
 

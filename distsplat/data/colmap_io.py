@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from .errors import DataError
+from .model_cache import read_table
 from .names import fixed_width, utf8_ok
 
 log = logging.getLogger(__name__)
@@ -560,10 +561,8 @@ def _read_model(folder: Path, table: bool) -> Model:
                     raise DataError(f"{p} is missing (COLMAP model in {folder} is incomplete)")
             cameras = readers[0](paths[0])
             if table:  # from the binary copy beside the model when it is current (model_cache.py)
-                from .model_cache import read_table
-
                 parse = read_images_bin_table if ext == ".bin" else (lambda p: ImageTable.of(read_images_txt(p)))
-                images = read_table(paths[1], parse)
+                images = read_table(paths[1], parse, ImageTable)
             else:
                 images = readers[1](paths[1])
             points = readers[2](paths[2]) if paths[2].exists() else Points(

@@ -28,11 +28,10 @@ import logging
 import mmap
 import os
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Type
 
 import numpy as np
 
-from .colmap_io import ImageTable
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +52,10 @@ def enabled() -> bool:
     return os.environ.get("DISTSPLAT_MODEL_CACHE", "1") != "0"
 
 
-def read_table(source: Path, parse: Callable[[Path], ImageTable]) -> ImageTable:
+def read_table(source: Path, parse: Callable[[Path], Any], table_type: Type) -> Any:
     """The image table of `source` (a COLMAP images.bin/.txt): from its binary copy when the
-    copy is current and whole, else parsed by `parse` and the copy (re)written."""
+    copy is current and whole (a `table_type` of its arrays: colmap_io.ImageTable), else parsed
+    by `parse` and the copy (re)written."""
     source = Path(source)
     if not enabled():
         return parse(source)
@@ -63,7 +63,7 @@ def read_table(source: Path, parse: Callable[[Path], ImageTable]) -> ImageTable:
     stat = source.stat()
     why = None
     if path.exists():
-        table, why = _load(path, source.name, stat.st_size, stat.st_mtime_ns)
+        table, why = _load(path, source.name, stat.st_size, stat.st_mtime_ns, table_type)
         if table is not None:
             log.debug("%s: image table from %s", source, path)
             return table
@@ -87,7 +87,7 @@ def _layout(count: int, width: int):
             ("camera_ids", np.int64, (count,)), ("names", np.dtype(f"S{width}"), (count,))]
 
 
-def _write(path: Path, table: ImageTable, name: str, size: int, mtime_ns: int) -> None:
+def _write(path: Path, table: Any, name: str, size: int, mtime_ns: int) -> None:
     """Atomically writes the copy; a folder that cannot be written is no error (no copy)."""
     if table.names.dtype.kind != "S" or not len(table):  # names of wildly different lengths (an object
         return  # table), or no images (an error next): parse each time
@@ -121,7 +121,7 @@ def _data_start(header_len: int) -> int:
     return -(-(len(MAGIC) + 4 + header_len) // ALIGN) * ALIGN
 
 
-def _load(path: Path, name: str, size: int, mtime_ns: int) -> Tuple[Optional[ImageTable], Optional[str]]:
+def _load(path: Path, name: str, size: int, mtime_ns: int, table_type: Type) -> Tuple[Optional[Any], Optional[str]]:
     """(table, None) from a current, whole copy; (None, why it is not used) otherwise."""
     try:
         with open(path, "rb") as f:
@@ -158,7 +158,7 @@ def _load(path: Path, name: str, size: int, mtime_ns: int) -> Tuple[Optional[Ima
             offset += k
         if _digest(arrays) != head.get("digest"):
             return None, "its contents do not match its digest (damaged)"
-        return ImageTable(*arrays), None
+        return table_type(*arrays), None
     finally:
         buf.release()
         mapped.close()

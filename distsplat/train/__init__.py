@@ -1,2 +1,4 @@
-"""distsplat.train: Gaussian parameters and optimizers, densification strategies, losses
-and metrics, checkpoints, export and the trainer loop (one rank's view of the training)."""
+"""distsplat.train: one rank's training. The loop and its config live here (config, trainer, the
+setup steps, the batch schedule, balancing, batch scaling); the rooms below it hold the model
+(model/), the guards (guards/), what a run writes (files/) and the scores (scoring/)
+(docs/design.md, "train/ in rooms")."""

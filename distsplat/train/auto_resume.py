@@ -32,8 +32,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..distributed import DistContext, all_reduce_sum
-from . import checkpoint as ck
-from .checkpointer import shards_to_read
+from .files import checkpoint as ck
+from .files.checkpointer import shards_to_read
 from .config import Config
 from .run_checks import agree
 

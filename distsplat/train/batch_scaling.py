@@ -116,3 +116,19 @@ def describe(info: Dict[str, Any]) -> str:
     seen = "" if info.get("visible_fraction") is None else f", {info['visible_fraction']:.3f} of the cameras see a Gaussian"
     return (f"learning rates x {f:.3g} for the global batch {B} (--lr_batch_scaling {rule}{seen}; "
             f"sqrt(B) = {math.sqrt(B):.3g}, B = {B})")
+
+
+class LrRule:
+    """The run's learning-rate scaling as a checkpoint holds it (Stateful): `current`, the
+    scaling in use ({rule, global_batch, visible_fraction, factor}); `saved`, a resumed run's,
+    which `for_global_batch` reuses for the same rule and global batch."""
+
+    def __init__(self, current: Dict[str, Any]):
+        self.current: Dict[str, Any] = current
+        self.saved: Optional[Dict[str, Any]] = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.current
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.saved = state

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Tuple, Union
 
-from .strategies import DefaultStrategy, MCMCStrategy
+from .model.strategies import DefaultStrategy, MCMCStrategy
 
 GROW_GRAD2D, ABSGRAD_GROW_GRAD2D = 0.0002, 0.0008  # gsplat's thresholds without / with absgrad
 
@@ -180,7 +180,7 @@ class Config:
     app_opt_reg: float = 1e-6
     """Weight decay of the appearance embeddings."""
 
-    # Bilateral grid (issue 46; gsplat's flags and defaults; train/bilateral_grid.py)
+    # Bilateral grid (issue 46; gsplat's flags and defaults; train/model/bilateral_grid.py)
     use_bilateral_grid: bool = False
     """Learn a bilateral grid per training image (gsplat's): an affine colour transform per cell of (x, y,
     luminance) applied to the image's render before its loss, absorbing per-image exposure and white balance;
@@ -196,7 +196,7 @@ class Config:
     MCMC's cap_max is the GLOBAL cap, split across ranks."""
     rebalance_ratio: float = 1.5
     """After densification, rebalance when the largest rank holds more than this times the smallest's Gaussians."""
-    # Balanced ranks (issue 33; distsplat/train/balance.py): a step lasts as long as its slowest rank
+    # Balanced ranks (issue 33; distsplat/train/model/balance.py): a step lasts as long as its slowest rank
     balance_cameras: bool = True
     """Balance the rasterization: once per epoch the ranks agree every camera's cost (its pairs at its last
     render, counted from the projection's own output: one all-reduce per epoch; per step no collective or host
@@ -235,7 +235,7 @@ class Config:
     prefetch: int = 2
     """Batches decoded ahead of the step that needs them."""
 
-    # Divergence guard (issue 21; distsplat/train/faults.py)
+    # Divergence guard (issue 21; distsplat/train/guards/faults.py)
     max_bad_steps: int = 10
     """A step whose loss or gradients are NaN/Inf on any rank is skipped on every rank (no update); after this
     many in a row the run saves the last good state and stops. 0: no check (one small all-reduce less per step)."""
@@ -253,7 +253,7 @@ class Config:
     Blender/nerfstudio frames by their file_path (pack --data_dir). Each rank reads only its own images (their
     headers checked at setup); images at the cameras' full size are downscaled on load when --data_factor > 1."""
 
-    # --- Outputs in known coordinates (issue 32; train/coords.py)
+    # --- Outputs in known coordinates (issue 32; train/files/coords.py)
     ply_frame: Literal["normalized", "capture"] = "normalized"
     """World of the PLYs and R/cameras.json: normalized (the world the model trains in, as gsplat's PLY; with
     --normalize_world_space the input is centred, rotated and scaled on load) or capture (the input's own, e.g.
@@ -375,7 +375,7 @@ class Config:
         if self.data_shards is not None and self.data_dir is None:
             raise ValueError("--data_shards needs --data_dir: the scene's model (COLMAP sparse/, transforms*.json) "
                              "is read from there, the images from the shards")
-        from .model_import import check_model_flags  # (model_import reads the scene's world: not at import)
+        from .files.model_import import check_model_flags  # (model_import reads the scene's world: not at import)
 
         check_model_flags(self)
         for flag, on in (("--eval_only", self.eval_only), ("--render_only", self.render_only)):

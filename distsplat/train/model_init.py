@@ -20,13 +20,13 @@ import torch
 from torch import Tensor
 
 from ..distributed import DistContext, chunk_bounds
-from . import strategy_ops
-from .balance import interleave
+from .model import strategy_ops
+from .model.balance import interleave
 from .config import Config
-from .gaussians import create_optimizers, init_gaussians, init_kind, init_line, initial_ids, random_points
-from .model_import import initial_params
-from .memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes, render_working_bytes
-from .strategies import MCMCStrategy
+from .model.gaussians import create_optimizers, init_gaussians, init_kind, init_line, initial_ids, random_points
+from .files.model_import import initial_params
+from .guards.memory import MemoryGuard, bytes_per_gaussian, default_limit, fmt_bytes, render_working_bytes
+from .model.strategies import MCMCStrategy
 
 log = logging.getLogger("distsplat.train.trainer")  # the trainer's log lines, as before the split
 

@@ -22,7 +22,7 @@ from ..data.decode import check_images
 from ..data.shards import ABSENT, TarShardSource
 from ..data.sources import FolderSource
 from ..distributed import CameraBatcher
-from .evaluate import test_owners
+from .scoring.evaluate import test_owners
 
 LISTED = 10  # missing images named in an error; the rest are counted
 

@@ -20,11 +20,11 @@ import torch
 from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds, move_rows
-from . import checkpoint as ck
-from .balance import Agreement, pair_bounds
-from .checkpointer import PER_GAUSSIAN_STATE
-from .gaussians import from_float_rows, to_float_rows
-from .strategies import MCMCStrategy
+from .files import checkpoint as ck
+from .model.balance import Agreement, pair_bounds
+from .files.checkpointer import PER_GAUSSIAN_STATE
+from .model.gaussians import from_float_rows, to_float_rows
+from .model.strategies import MCMCStrategy
 
 log = logging.getLogger("distsplat.train.trainer")  # the trainer's log lines, as before the split
 

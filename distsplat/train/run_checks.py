@@ -11,8 +11,8 @@ from typing import Callable
 
 from ..distributed import DistContext, raise_together
 from .config import Config
-from .outputs import check_result_dir
-from .shared_dir import check_shared
+from .files.outputs import check_result_dir
+from .guards.shared_dir import check_shared
 
 log = logging.getLogger("distsplat.train")  # the schedule's line, as the CLI logged it
 

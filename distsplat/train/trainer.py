@@ -32,32 +32,34 @@ from ..distributed import (CameraBatch, CameraBatcher, DistContext, describe_fai
                            gather_counts)
 from . import batch_scaling
 from .config import Config
-from .depth_loss import DepthTargets
-from .pose_opt import setup_pose_opt
-from .app_opt import colour_kwargs, setup_app_opt
-from .bilateral_grid import setup_bilateral_grid
-from .checkpoint import check_steps_left
-from .checkpointer import Checkpointer, seed_rank_rng
-from .evaluate import Evaluator, test_owners
-from .video import render_path
-from .gaussians import activated, adam_step, check_finite_params
+from .model.depth_loss import DepthTargets
+from .model.pose_opt import setup_pose_opt
+from .model.app_opt import colour_kwargs, setup_app_opt
+from .model.bilateral_grid import setup_bilateral_grid
+from .files.checkpoint import check_steps_left
+from .files.checkpointer import RANK, ROWS, SHARED, TABLE, Checkpointer, Entry, Frame, ModelRows, RankRNG
+from .scoring.evaluate import Evaluator, test_owners
+from .files.video import render_path
+from .model.gaussians import activated, adam_step, check_finite_params
 from .model_init import init_model, memory_guard
-from .model_import import import_checkpoint, is_model_file
+from .files.model_import import import_checkpoint, is_model_file
 from .progress import Progress
-from .losses import photometric_loss, resolve_ssim_impl
-from .strategies import MCMCStrategy
-from .outputs import TensorBoard, open_outputs
+from .scoring.losses import photometric_loss, resolve_ssim_impl
+from .model.strategies import MCMCStrategy
+from .files.outputs import TensorBoard, open_outputs
 from .run_checks import agree, check_flags
-from .faults import DivergenceGuard
+from .guards.faults import DivergenceGuard
 from . import auto_resume
-from .preemption import Preemption
-from .balance import Balancer, WorkMeter
+from .guards.preemption import Preemption
+from .model.balance import Balancer, WorkMeter
 from .rebalance import Rebalancer, move_gaussians
 from ..profiling import StepRanges
 from ..transfer import to_device
+from .run_view import RunView
+from .schedule import Schedule
 from .scene_setup import (agree_cameras, check_batch_size, load_scene, own_image_cache, scene_line,
                           scene_scale)
-from .size_groups import group_cameras, group_images, image_sizes, merge_meta, size_groups
+from .model.size_groups import group_cameras, group_images, image_sizes, merge_meta, size_groups
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +77,18 @@ class Trainer:
         self.cache: Optional[ImageCache] = None
         self.tb: Optional[TensorBoard] = None
         self.metrics: Dict[str, Any] = {}
-        # Called as hook(trainer, step) on EVERY rank after each step (e.g. the viewer). Hooks
-        # that need collectives must call them on every rank in the same order; with no hook
+        # Called as hook(view, step) on EVERY rank after each step (e.g. the viewer; view: run_view.py).
+        # Hooks that need collectives must call them on every rank in the same order; with no hook
         # the loop does no extra work.
-        self.step_hooks: List[Callable[["Trainer", int], None]] = []
-        # Called as hook(trainer) on EVERY rank once training ended, saved and evaluated (e.g.
+        self.step_hooks: List[Callable[[RunView, int], None]] = []
+        # Called as hook(view) on EVERY rank once training ended, saved and evaluated (e.g.
         # the viewer's --viewer_keep_open); the same collective rule as step_hooks.
-        self.end_hooks: List[Callable[["Trainer"], None]] = []
+        self.end_hooks: List[Callable[[RunView], None]] = []
         self.where = "during setup"  # for failure reports: what this rank was doing
-        self.checkpointer = Checkpointer(ctx, self.device, self.result_dir)  # save, resume (a full disk skips a save)
         # The flags as typed (check_flags scales the schedule later): what makes a checkpoint "of this run"
         self.flags = auto_resume.run_flags(cfg)
+        # save, resume a dict of state objects (setup: _run_state); a full disk skips a save
+        self.checkpointer = Checkpointer(ctx, self.device, self.result_dir, cfg, self.flags)
         self.resume = auto_resume.Plan(ckpt=cfg.ckpt)  # where setup resumes from (run(): auto_resume.plan)
         # Stop signals and --save_every_minutes: requests that ride on the divergence check's all-reduce
         self.preemption = Preemption(ctx.is_main, cfg.save_every_minutes)
@@ -121,7 +124,7 @@ class Trainer:
             agree(ctx, setup, "setup")  # bad data or checkpoint on any rank: the same error on every rank
             # Only now (flags, data and checkpoint are good): a viewer's banner never precedes a bad input's error
             for extension in extensions:  # each agrees on its own start-up errors
-                closers.append(extension(cfg, ctx, self))
+                closers.append(extension(cfg, ctx, self.view))
             if cfg.eval_only:
                 return self.eval_only()
             if cfg.render_only:
@@ -160,6 +163,7 @@ class Trainer:
         self.noisy, self.pose = setup_pose_opt(cfg, scene, self.train_np, cfg.batch_size * W, self.device)
         check_batch_size(len(self.train_idx), W, cfg.batch_size)
         self.batcher = CameraBatcher(len(self.train_idx), W, cfg.batch_size, cfg.seed)
+        self.schedule = Schedule(self.batcher)  # training step -> the batcher's position (schedule.py)
         # issue 33: the cameras' costs and the ranks' pairs, agreed once per epoch (balance.py); one
         # rank has nothing to balance (the initial points are interleaved at any W: the global order)
         self.balance = Balancer(ctx, self.device, scene.num_cameras, cfg.balance_cameras and W > 1,
@@ -177,24 +181,28 @@ class Trainer:
 
         # MCMC draws from torch's global RNG (multinomial, noise; the default strategy's split
         # draws by Gaussian id instead): one seeded stream per rank makes runs repeat.
-        seed_rank_rng(cfg.seed, r)
+        self.rng = RankRNG(cfg.seed, r, self.device)
+        self.rng.restart()
         self._init_gaussians()
+        self.checkpointer.attach(scene, self.width, self.height, self._ply_gaussians, self.resume.found)
+        self.state = self._run_state()  # what a checkpoint holds
         self.start_step = 0
-        self.batch_start = 0  # batcher position (epoch * steps_per_epoch + step) at start_step
-        self._saved_lr_batch = None  # a resumed run's learning-rate scaling (batch_scaling.py)
         if self.resume.ckpt is not None:  # a distsplat checkpoint, or another trainer's model (model_import.py)
-            if is_model_file(self.resume.ckpt):
-                import_checkpoint(self, self.resume.ckpt)
-            else:
-                self.checkpointer.resume(self, self.resume.ckpt, self.resume.found, self.resume.verified)
+            resumed = (import_checkpoint(cfg, ctx, scene.transform, self.resume.ckpt, self.rows)
+                       if is_model_file(self.resume.ckpt) else
+                       self.checkpointer.resume(self.state, self.resume.ckpt, self.resume.found, self.resume.verified))
+            self.start_step, self.n_all, self.ckpt_dir = resumed.step, resumed.n_all, resumed.dir
+        self.schedule.start(self.start_step)
         # The renders do not check the parameters every step: here, where they come from
         check_finite_params(self.params, f"--ckpt {self.resume.ckpt}" if self.resume.ckpt is not None else
                             "the initial Gaussians (--init_type, the scene's points)")
         self._init_memory_guard()
         # Bad --lpips_* files are setup's errors; weights missing from the usual places are
         # fetched after setup (Evaluator.ready: a download waits on the node's other ranks)
-        self.min_side = int(min(scene.widths.min(), scene.heights.min()))
-        self.evaluator = Evaluator(cfg, ctx, self.device, self.min_side)
+        self.evaluator = Evaluator(cfg, ctx, self.device, scene, self.test_idx, self.Ks, self.cache, self.result_dir)
+        # What extensions and hooks see of the run (run_view.py), not the trainer itself
+        self.view = RunView(cfg, scene, self.train_np, self.params, self.app, self.metrics, lambda: self.n_all,
+                            self.step_hooks, self.end_hooks)
         if cfg.eval_only or cfg.render_only:  # no training: no training images to read ahead
             return
         self.loader = ImageLoader(
@@ -208,10 +216,32 @@ class Trainer:
     def _init_gaussians(self) -> None:
         """This rank's chunk of the initial Gaussians, its optimizers and strategy (model_init.py)."""
         m = init_model(self.cfg, self.ctx, self.device, self.scene, self.scene_scale)
-        self.n_all, self.params, self.optimizers, self.lr_batch = m.n_all, m.params, m.optimizers, m.lr_batch
+        self.n_all, self.params, self.optimizers = m.n_all, m.params, m.optimizers
         self.strategy, self.strategy_state = m.strategy, m.strategy_state
+        self.rows = ModelRows(self.params, self.optimizers, self.strategy_state, self.device)  # as a checkpoint's rows
+        self.lr_rule = batch_scaling.LrRule(m.lr_batch)  # until _scale_lrs, at the start of training
         self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
         self.noise_scale = 1.0
+
+    def _run_state(self) -> Dict[str, Entry]:
+        """Everything a checkpoint holds, each with its kind (checkpointer.py: how it crosses world
+        sizes) and key; a new piece of state is one entry. Without training (--eval_only,
+        --render_only) there is no batch sequence or balancing to continue."""
+        state = {"model": Entry(self.rows, ROWS, "params"), "rng": Entry(self.rng, RANK, "rng")}
+        for key, extra in (("pose_opt", self.pose), ("app_opt", self.app), ("bilateral_grid", self.bilagrid)):
+            if extra is not None:  # identical on every rank, or every image's rows summed into one table
+                state[key] = Entry(extra, TABLE, key)
+        state["frame"] = Entry(Frame(self.scene.transform), SHARED, "frame")
+        state["lr_rule"] = Entry(self.lr_rule, SHARED, "lr_batch")
+        if not (self.cfg.eval_only or self.cfg.render_only):
+            state["batcher"] = Entry(self.schedule, SHARED, "batcher")
+            state["balance"] = Entry(self.balance, SHARED, "balance")
+        return state
+
+    def _ply_gaussians(self) -> Dict[str, Tensor]:
+        """What a PLY holds of this rank's Gaussians: the raw parameters, with --app_opt their
+        colours baked as gsplat does (app_opt.py)."""
+        return dict(self.params) if self.app is None else self.app.baked(self.params)
 
     def _init_memory_guard(self) -> None:
         """Growth of this rank's Gaussians stops near its memory limit (memory.py)."""
@@ -221,34 +251,30 @@ class Trainer:
         self.memory_guard.check_setup(self.params, self.optimizers, self.strategy_state)
 
     # -------------------------------------------------------------- schedule
-    def _batch_pos(self, step: int) -> Tuple[int, int]:
-        """(epoch, step within it) of training step `step` in the batcher's sequence."""
-        return divmod(self.batch_start + step - self.start_step, self.batcher.steps_per_epoch)
-
     def _batch(self, step: int) -> CameraBatch:
         """The global batch of training step `step` (a pure function: the loader asks ahead)."""
-        return self.batcher.batch(*self._batch_pos(step))
+        return self.schedule.batch(step)
 
     def _own_cameras(self, step: int) -> List[int]:
         """This rank's scene cameras of training step `step` (the image loader's schedule)."""
         train = self.train_np  # per-step lookups without torch ops
-        return [int(train[c]) for c in self.batcher.own_batch(*self._batch_pos(step), self.ctx.rank)]
+        return [int(train[c]) for c in self.schedule.own(step, self.ctx.rank)]
 
     def _scale_lrs(self) -> None:
         """Learning rates for the global batch (batch_scaling.py): the visible fraction p
         measured now (one all-reduce, so after setup's agreement), or the one a resumed run
         measured."""
         cfg, B = self.cfg, len(self._batch(self.start_step).cameras)  # the global batch a step draws
-        self.lr_batch = batch_scaling.for_global_batch(
-            cfg.lr_batch_scaling, B, self._saved_lr_batch, lambda: activated(self.params, 0), self.train_viewmats,
+        self.lr_rule.current = lr = batch_scaling.for_global_batch(
+            cfg.lr_batch_scaling, B, self.lr_rule.saved, lambda: activated(self.params, 0), self.train_viewmats,
             self.Ks, self.widths, self.heights, self.train_np, backend=cfg.backend, near_plane=cfg.near_plane,
             far_plane=cfg.far_plane)
-        factor = self.lr_batch["factor"]
+        factor = lr["factor"]
         batch_scaling.scale_learning_rates(self.optimizers, B, factor)
         self.means_lr0 = self.optimizers["means"].param_groups[0]["lr"]
         self.noise_scale = math.sqrt(B) / factor  # MCMC's noise: lr x sqrt(B) whatever the rule
         if self.ctx.is_main and B > 1:
-            log.info("%s", batch_scaling.describe(self.lr_batch))
+            log.info("%s", batch_scaling.describe(lr))
 
     def train_viewmats(self, positions: np.ndarray) -> Tensor:
         """[C, 4, 4] world-to-camera of the training cameras at `positions` [C] (among them) as they
@@ -277,7 +303,7 @@ class Trainer:
         agree_cameras(self.scene, self.train_np, self.batcher.state_dict(), self.device)
         self._scale_lrs()  # the learning rates for the global batch (one all-reduce: not in setup)
         self._open_outputs()
-        self.evaluator.ready(len(self.test_idx))  # LPIPS said (and fetched) before the steps, not at the first eval
+        self.evaluator.ready()  # LPIPS said (and fetched) before the steps, not at the first eval
         # The final state is saved and evaluated after the loop, whatever --max_steps cuts off
         eval_steps = {s for s in cfg.eval_steps if 0 < s < cfg.max_steps}
         save_steps = {s for s in cfg.save_steps if 0 < s < cfg.max_steps}
@@ -293,24 +319,26 @@ class Trainer:
             # with them the ranks' stop and save requests (preemption.py)
             if self.divergence.poll(done, flush=log_step or done in save_steps or done in eval_steps):
                 # --max_bad_steps in a row: keep the last good state (no bad step changed it), stop
-                raise self.divergence.error(self.save(done), self.result_dir / "ckpts", done)
+                raise self.divergence.error(self.save(done), self.checkpointer.step_dir(done),
+                                            self.checkpointer.last_complete())
             if self.preemption.stop_due():  # a stop signal on any rank: every rank saves this step and stops
                 self.where = f"saving the checkpoint of step {done} after a stop signal"
                 saved = self.save(done, interim=done not in save_steps)  # a --save_steps step stays one
-                return self.preemption.stopped(saved, done, self.result_dir / "ckpts", self.metrics)
+                return self.preemption.stopped(saved, done, self.checkpointer.step_dir(done),
+                                               self.checkpointer.last_complete(), self.metrics)
             if log_step:  # one sync for the loss, one all-reduce for the work summary
                 progress.report(done, self.n_all, self.metrics, self.work.summary)
             progress.update()
             if done % cfg.tb_every == 0 and "loss" in self.metrics:
                 self.tb.scalars(done, {"train/loss": self.metrics["loss"], "train/num_GS": self.n_all})
             for hook in self.step_hooks:
-                hook(self, done)
+                hook(self.view, done)
             if done in save_steps or self.preemption.save_due():  # save_due: --save_every_minutes, rank 0's clock
                 self.where = f"saving the checkpoint of step {done}"
                 self.save(done, interim=done not in save_steps)  # with the PLY, unless interim or --ply_steps
             if cfg.ply_steps is not None and done in cfg.ply_steps and done not in save_steps and cfg.save_ply:
                 self.where = f"writing the PLY of step {done}"  # gsplat's PLY steps between checkpoints
-                self.checkpointer.save_ply(self, done)
+                self.n_all = self.checkpointer.save_ply(len(self.params["means"]), done)
             if done in eval_steps:
                 self.where = f"evaluating step {done}"
                 self.eval(done, progress.elapsed())
@@ -324,7 +352,7 @@ class Trainer:
         self.checkpointer.saves.report_end(self.metrics)  # which saves a full disk skipped
         self.where = "after training"
         for hook in self.end_hooks:
-            hook(self)
+            hook(self.view)
         return self.metrics
 
     def _open_outputs(self) -> None:
@@ -335,7 +363,7 @@ class Trainer:
         cfg = self.cfg
         self.ranges("train/batch")
         self._balance_point(step)  # once per epoch, before the loader asks for the next one
-        batch = self._batch(step)
+        batch = self.schedule.draw(step)
         images = next(self.loader)
         C = len(batch.cameras)
         positions = batch.host_cameras()  # [C] positions among the training cameras
@@ -440,7 +468,7 @@ class Trainer:
         """Where balance.py's agreement is due (once per epoch, `--prefetch` steps before it
         ends): the next epoch's camera costs, and chunk boundaries by projected pairs when the
         ranks' pairs drifted apart."""
-        agreed = self.balance.at(self.batch_start + step - self.start_step, self.batcher, self.train_np,
+        agreed = self.balance.at(self.schedule.index(step), self.batcher, self.train_np,
                                  len(self.params["means"]))
         target = None if agreed is None else self.rebalancer.pairs_target(agreed)
         if target is not None and self._receivers_have_room(agreed.counts, target):
@@ -459,7 +487,9 @@ class Trainer:
     # ------------------------------------------------------------ eval / save
     def eval(self, step: int, elapsed: Optional[float]) -> Dict[str, Any]:
         """The test cameras' scores at `step` (evaluate.py; every rank calls it)."""
-        stats = self.evaluator(self, step, elapsed)
+        sh = self.cfg.sh_degree
+        stats = self.evaluator(step, elapsed, lambda: activated(self.params, sh), self._render_kwargs(sh=sh),
+                               self.n_all, len(self.params["means"]), self.tb, self.metrics)
         self.metrics.update({f"val_{k}": v for k, v in stats.items()})
         if not self.cfg.disable_video:  # --no-disable-video: gsplat's trajectory video after each evaluation
             self.render_video(step)
@@ -492,7 +522,7 @@ class Trainer:
     def save(self, step: int, interim: bool = False) -> bool:
         """Checkpoint and PLY of `step` (checkpointer.py; `interim`: the checkpoint alone, pruned once a newer
         regular one is whole); every rank calls it. False: a full disk skipped it."""
-        saved = self.checkpointer.save(self, step, interim)
+        saved, self.n_all = self.checkpointer.save(self.state, step, interim)
         self.preemption.saved(step, interim)  # --save_every_minutes counts from the last save
         return saved
 

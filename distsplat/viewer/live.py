@@ -117,25 +117,25 @@ class LiveViewer:
             self.server = None
 
     # ------------------------------------------------------------- training
-    def on_step(self, trainer: Any, step: int) -> None:
-        """Trainer hook, on every rank after each step. Reads only the trainer's public
-        attributes (cfg, params, metrics, n_all, scene, train_np)."""
-        max_steps = trainer.cfg.max_steps
+    def on_step(self, run: Any, step: int) -> None:
+        """The trainer's step hook, on every rank after each step. `run`: the run as
+        extensions see it (train/run_view.py: cfg, scene, train_np, params, app, metrics, n_all)."""
+        max_steps = run.cfg.max_steps
         if step < self.next_poll and step != max_steps:  # every rank knows both numbers
             return  # the common case: no sync, no collective
         t0 = time.perf_counter()
         main = self.server is not None
         if main:
             self.pacer.observe_steps(t0, step)
-            if not self._view_set and getattr(trainer, "scene", None) is not None:
+            if not self._view_set and getattr(run, "scene", None) is not None:
                 # The first training camera's view (a test camera may come first in the scene)
-                train = getattr(trainer, "train_np", None)
-                c2w = trainer.scene.camtoworlds[train if train is not None else slice(None)]  # [C, 4, 4] float64
+                train = getattr(run, "train_np", None)
+                c2w = run.scene.camtoworlds[train if train is not None else slice(None)]  # [C, 4, 4] float64
                 self.server.set_initial_view(*initial_view(c2w))
                 self._view_set = True
-        model = trainer_model(trainer, step)
+        model = trainer_model(run, step)
         msg = self._poll(model, TRAIN, stats=lambda paused: self._stats(
-            trainer, step, "**paused**" if paused else "training"))
+            run, step, "**paused**" if paused else "training"))
         if msg.paused:
             self.paused_at.append(step)
             if main:
@@ -144,25 +144,25 @@ class LiveViewer:
                 msg = self._poll(model, PAUSED)
             if main:
                 log.info("viewer: training resumed at step %d", step)
-                self.server.show(self._stats(trainer, step, "training"), paused=False)
+                self.server.show(self._stats(run, step, "training"), paused=False)
         self.next_poll = step + msg.interval
         if main:
             if step >= max_steps:
-                self.server.show(self._stats(trainer, step, "**done**"), paused=None)
+                self.server.show(self._stats(run, step, "**done**"), paused=None)
             self.pacer.add_viewer_time(time.perf_counter() - t0)
 
-    def _stats(self, trainer: Any, step: int, status: str) -> str:
-        m = trainer.metrics
-        lines = [f"step: **{step}** / {trainer.cfg.max_steps}",
+    def _stats(self, run: Any, step: int, status: str) -> str:
+        m = run.metrics
+        lines = [f"step: **{step}** / {run.cfg.max_steps}",
                  f"loss: {m['loss']:.5f}" if "loss" in m else "loss: -",
-                 f"Gaussians: {trainer.n_all:,}",
+                 f"Gaussians: {run.n_all:,}",
                  f"steps/s: {self.pacer.steps_per_s:.2f}",
                  f"PSNR: {m['val_psnr']:.3f} (step {m.get('val_step', '?')})"
                  if "val_psnr" in m else "PSNR: -",
                  f"status: {status}"]
         return "  \n".join(lines)
 
-    def keep_open(self, trainer: Any) -> None:
+    def keep_open(self, run: Any) -> None:
         """--viewer_keep_open, the trainer's end hook on every rank: serve the final model
         (already saved) until Ctrl-C, as gsplat's viewer does. Only when rank 0's stdin is a
         terminal, where a Ctrl-C can come: otherwise (a job script, CI) rank 0 stops the
@@ -174,10 +174,10 @@ class LiveViewer:
             else:
                 log.info("viewer: --viewer_keep_open serves only when stdin is a terminal (Ctrl-C ends it); "
                          "this run is not interactive, so the viewer closes now")
-        model = trainer_model(trainer, trainer.cfg.max_steps)
+        model = trainer_model(run, run.cfg.max_steps)
         try:
             self.serve(model, seconds=None if interactive else 0.0,
-                       info=self._stats(trainer, trainer.cfg.max_steps, "**done**, Ctrl-C closes the viewer"))
+                       info=self._stats(run, run.cfg.max_steps, "**done**, Ctrl-C closes the viewer"))
         except KeyboardInterrupt:
             if self.server is not None:  # the other ranks wait in the next poll: tell them to stop
                 log.info("viewer: closed (Ctrl-C)")
@@ -246,35 +246,36 @@ class LiveViewer:
         return request, msg
 
 
-def trainer_model(trainer: Any, step: int) -> RenderModel:
+def trainer_model(run: Any, step: int) -> RenderModel:
     """The trainer's Gaussians as the viewer renders them, with the SH degree in use at
     `step` and the trainer's render options."""
-    from ..train.gaussians import activated
+    from ..train.model.gaussians import activated
 
-    cfg = trainer.cfg
+    cfg = run.cfg
     sh = min(step // cfg.sh_degree_interval, cfg.sh_degree)
     kwargs = dict(packed=cfg.packed, backend=cfg.backend, near_plane=cfg.near_plane,
                   far_plane=cfg.far_plane, rasterize_mode="antialiased" if cfg.antialiased else "classic")
-    app = getattr(trainer, "app", None)
+    app = getattr(run, "app", None)
     if app is not None:  # --app_opt: the colour MLP at a zero embedding, as the test images
         kwargs["pair_colors"] = app.pair_colors(sh, None)
         sh = None
-    return RenderModel(lambda: activated(trainer.params, sh), sh, kwargs, version=step)
+    return RenderModel(lambda: activated(run.params, sh), sh, kwargs, version=step)
 
 
-def attach_live_viewer(cfg: Any, ctx: DistContext, trainer: Any) -> Optional[Callable[[], None]]:
+def attach_live_viewer(cfg: Any, ctx: DistContext, run: Any) -> Optional[Callable[[], None]]:
     """The trainer CLI's extension: unless --disable_viewer, serve on rank 0 and hook into
     every step (and with --viewer_keep_open, serve the final model after training). Started
     once setup succeeded on every rank (cli.run), so bad flags or data fail before any banner;
     a port in use fails alike on every rank, before training. `cfg`: the app's config (the
-    trainer's flags and viewer.config.ViewerConfig's)."""
+    trainer's flags and viewer.config.ViewerConfig's); `run`: the run as extensions see it
+    (train/run_view.py), its hooks included."""
     if cfg.disable_viewer or cfg.eval_only or cfg.render_only:  # nothing to watch: simple_viewer.py shows a checkpoint
         return None
     viewer = LiveViewer.start(ctx, cfg.viewer_host, cfg.port, max_side=cfg.viewer_res,
                               budget=cfg.viewer_budget)
-    trainer.step_hooks.append(viewer.on_step)
+    run.step_hooks.append(viewer.on_step)
     if cfg.viewer_keep_open:
-        trainer.end_hooks.append(viewer.keep_open)
+        run.end_hooks.append(viewer.keep_open)
     return viewer.close
 
 

@@ -1,7 +1,7 @@
 """A finished model for the viewer (docs/design.md: checkpoints resume on any W; the PLY is the
 standard 3DGS layout): each of W ranks loads only its contiguous chunk, from a checkpoint
 (re-chunked through `read_meta` / `read_rows`), from gsplat's .pt files or from a PLY file (rows
-read by offset: train/model_files.py),
+read by offset: train/files/model_files.py),
 so `examples/simple_viewer.py` runs on one process or under torchrun alike.
 """
 
@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from ..distributed import DistContext, all_reduce_sum, chunk_bounds
-from ..train import checkpoint as ck
-from ..train.model_files import is_gsplat_spec, is_ply_spec, open_model, read_ply_layout, read_ply_rows
-from ..train.gaussians import activated
+from ..train.files import checkpoint as ck
+from ..train.files.model_files import is_gsplat_spec, is_ply_spec, open_model, read_ply_layout, read_ply_rows
+from ..train.model.gaussians import activated
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class LoadedModel:
 def _baked(meta: Dict[str, Any], cfg: Dict[str, Any], params: Dict[str, Tensor]) -> Dict[str, Tensor]:
     """An --app_opt checkpoint's rows with SH colours: the appearance MLP (shard 0) at a
     zero embedding and zero direction, as the PLY export bakes them (app_opt.py)."""
-    from ..train.app_opt import Appearance
+    from ..train.model.app_opt import Appearance
 
     state = ck.load_shard(meta, 0).get("app_opt")
     if state is None:
@@ -70,7 +70,7 @@ def load_model(path: str, ctx: DistContext) -> LoadedModel:
     newest). Bad paths raise ValueError naming them."""
     p = Path(path)
     step = 0
-    if is_ply_spec(path) or is_gsplat_spec(path):  # train/model_files.py: read by row range
+    if is_ply_spec(path) or is_gsplat_spec(path):  # train/files/model_files.py: read by row range
         model = open_model(path, "--ckpt")
         start, end = chunk_bounds(model.n_all, ctx.world_size)[ctx.rank]
         params, n_all, step = model.rows(start, end), model.n_all, model.step

@@ -7,9 +7,9 @@ was the default before (within rounding: the same update). Needs a GPU."""
 import pytest
 import torch
 
-from distsplat.train import checkpoint as ck
-from distsplat.train.gaussians import create_optimizers, init_gaussians, random_points
-from distsplat.train.strategy_ops import duplicate_with_ids
+from distsplat.train.files import checkpoint as ck
+from distsplat.train.model.gaussians import create_optimizers, init_gaussians, random_points
+from distsplat.train.model.strategy_ops import duplicate_with_ids
 
 pytestmark = pytest.mark.cuda
 N = 31

@@ -1,5 +1,5 @@
 """--ssim_impl fused against the PyTorch SSIM: fused-ssim's kernels (the package gsplat's
-trainer uses) give the training loss and its gradient that distsplat.train.losses defines
+trainer uses) give the training loss and its gradient that distsplat.train.scoring.losses defines
 (11x11 Gaussian window, sigma 1.5, ZERO padding, per-image means summed). Needs a GPU and
 fused-ssim (scripts/gpu_validate.sh puts the one built into .gsplat_peer on the path).
 
@@ -16,7 +16,7 @@ outside these bounds, so the padding is checked too."""
 import pytest
 import torch
 
-from distsplat.train import losses
+from distsplat.train.scoring import losses
 
 pytestmark = pytest.mark.cuda
 

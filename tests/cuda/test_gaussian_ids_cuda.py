@@ -5,7 +5,7 @@ bit for bit), so a split draws the same offsets on GPU and CPU ranks."""
 import pytest
 import torch
 
-from distsplat.train.gaussians import derive_ids, hash_keys, initial_ids, normal_samples
+from distsplat.train.model.gaussians import derive_ids, hash_keys, initial_ids, normal_samples
 
 pytestmark = pytest.mark.cuda
 

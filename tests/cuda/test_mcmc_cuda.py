@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from distsplat.train.strategy_ops import install, relocation_torch
+from distsplat.train.model.strategy_ops import install, relocation_torch
 
 pytestmark = pytest.mark.cuda
 
@@ -91,7 +91,7 @@ def test_mcmc_relocation_step_on_cuda_agrees_with_the_cpu_path():
     """Our MCMCStrategy relocates dead Gaussians on CUDA (gsplat's kernel through the
     strategy_ops dispatcher); every dead slot becomes a copy of a live source, and the
     sources' new opacity and scale are the CPU path's for the number of copies made."""
-    from distsplat.train.strategies import MCMCStrategy
+    from distsplat.train.model.strategies import MCMCStrategy
 
     install()
     n, n_dead = 400, 60

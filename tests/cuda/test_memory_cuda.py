@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from distsplat.data import ImageCache, load_colmap
-from distsplat.train.memory import default_limit, usage_bytes
+from distsplat.train.guards.memory import default_limit, usage_bytes
 
 pytestmark = pytest.mark.cuda
 

@@ -47,7 +47,7 @@ def train(ctx, cfg: Config, factor: float = 2.5) -> Dict[str, Any]:
         trainer.train_step, trainer.batcher.set_costs = train_step, set_costs
         trainer.train()
         return {"steps": steps, "agreed": agreed, "start_step": trainer.start_step,
-                "batch_start": trainer.batch_start, "steps_per_epoch": trainer.batcher.steps_per_epoch,
+                "batch_start": trainer.schedule.batch_start, "steps_per_epoch": trainer.batcher.steps_per_epoch,
                 "own": trainer.batcher.own_cameras(ctx.rank).tolist(),
                 "params": {k: v.detach().clone() for k, v in trainer.params.items()},
                 "uid": trainer.strategy_state["uid"].clone()}

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 
 KEEP = 2
 SH_REST = 15  # SH degree 3: shards of ~100 KB, so a kill often lands inside a write

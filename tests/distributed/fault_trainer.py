@@ -88,8 +88,8 @@ DISK_FAULTS = ("enospc", "enospc_ply", "erofs")
 
 def install_disk_fault(kind: str, rank: int, step: int) -> None:
     """Patches the writer of one save step on this rank to fail as a full (or read-only) disk does."""
-    import distsplat.train.checkpoint as ck
-    import distsplat.train.outputs as outputs
+    import distsplat.train.files.checkpoint as ck
+    import distsplat.train.files.outputs as outputs
 
     code = errno.EROFS if kind == "erofs" else errno.ENOSPC
 

@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from distsplat.train import outputs
+from distsplat.train.files import outputs
 from distsplat.train.trainer import Trainer
 
 

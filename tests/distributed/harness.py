@@ -35,7 +35,7 @@ COLLECTIVE_TIMEOUT_S = 60.0
 # forkserver's children may still use it. One list for every forkserver user in this
 # folder (there is one forkserver per test process; whoever starts it first sets it).
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "scipy.spatial", "distsplat.distributed", "distsplat.render",
-                      "distsplat.train.trainer", "distsplat.train.checkpoint"]
+                      "distsplat.train.trainer", "distsplat.train.files.checkpoint"]
 
 
 class WorkerFailure(AssertionError):

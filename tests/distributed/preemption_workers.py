@@ -12,12 +12,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import distsplat.train.evaluate as evaluate_mod
-import distsplat.train.outputs as outputs_mod
+import distsplat.train.scoring.evaluate as evaluate_mod
+import distsplat.train.files.outputs as outputs_mod
 import distsplat.train.trainer as trainer_mod
 from distsplat.app import CONFIGS
 from distsplat.cli import parse
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 from torchrun_cli import TINY_FLAGS
 
 STEPS = {"save": 8, "eval": 14, "max": 20}

@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from distsplat.train.gaussians import DUPLICATE, SPLIT_A, SPLIT_B, derive_ids, normal_samples
+from distsplat.train.model.gaussians import DUPLICATE, SPLIT_A, SPLIT_B, derive_ids, normal_samples
 
 U64 = 2.0 ** -53  # float64 unit roundoff, 1.1e-16
 

@@ -29,7 +29,7 @@ def grid_table(results):
 
 @pytest.mark.slow  # 6 processes, 20 float64 steps each (test_trainer's densification test's size)
 def test_bilateral_grid_training_is_w_invariant_and_resumes_on_any_w(run_workers, tmp_path):
-    from distsplat.train.bilateral_grid import LR, identity_grids, lr_factor
+    from distsplat.train.model.bilateral_grid import LR, identity_grids, lr_factor
 
     runs = run_w123(run_workers, tmp_path, grids, save_steps=[20])
     assert_same_gaussians(runs)

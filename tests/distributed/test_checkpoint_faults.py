@@ -27,7 +27,7 @@ import torch
 
 import ckpt_writer as cw
 from distsplat.distributed import chunk_bounds
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 
 from benchmarks.procs import worker_pids
 from harness import FORKSERVER_PRELOAD

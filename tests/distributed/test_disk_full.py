@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 from distsplat.viewer.model import read_ply_header
 from tests.small_fs import namespace_prefix, on_small_fs
 

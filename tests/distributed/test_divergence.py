@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 
 from torchrun_cli import TINY_FLAGS, torchrun
 

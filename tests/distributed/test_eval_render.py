@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distsplat.train.lpips import LPIPS
+from distsplat.train.scoring.lpips import LPIPS
 from torchrun_cli import TINY_FLAGS, torchrun
 
 STEPS = 40

@@ -47,7 +47,7 @@ def test_absgrad_densification_is_w_invariant(run_workers, tmp_path):
 def test_absgrad_densifies_more_at_the_same_threshold(run_workers, tmp_path):
     """gsplat's claim for AbsGS: |per-pixel gradients| summed do not cancel, so more
     Gaussians pass the same grow_grad2d (set after validate(), which would raise it for absgrad)."""
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     counts = {}
     for absgrad in (False, True):
@@ -62,7 +62,7 @@ def test_absgrad_densifies_more_at_the_same_threshold(run_workers, tmp_path):
 
 
 def test_absgrad_raises_gsplat_default_threshold():
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     cfg = tiny_config("unused", strategy=DefaultStrategy(absgrad=True))
     assert cfg.strategy.grow_grad2d == 0.0008
@@ -124,7 +124,7 @@ def test_cli_two_ranks_with_every_extra(tmp_path):
     shard = torch.load(sorted((out / "ckpts" / "step_000030").glob("*.pt"))[0], weights_only=True)  # rank 0's
     assert shard["pose_opt"]["deltas"].abs().max() > 0  # trained corrections in the checkpoint
     assert shard["app_opt"]["embeds"].shape == (10, 16) and shard["app_opt"]["mlp"]["4.bias"].abs().max() > 0
-    from distsplat.train.export import ply_fields
+    from distsplat.train.files.export import ply_fields
     from distsplat.viewer.model import read_ply_header
 
     _, names, _ = read_ply_header(out / "ply" / "point_cloud_0030.ply")

@@ -15,7 +15,7 @@ from trainer_workers import tiny_config
 
 
 def test_ply_steps_train_images_and_videos_as_gsplat(run_workers, tmp_path):
-    from distsplat.train.export import ply_fields
+    from distsplat.train.files.export import ply_fields
     from distsplat.viewer.model import read_ply_header
 
     out = tmp_path / "run"

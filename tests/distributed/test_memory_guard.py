@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from distsplat.train.strategies import DefaultStrategy
+from distsplat.train.model.strategies import DefaultStrategy
 from torchrun_cli import TINY_FLAGS, torchrun
 from trainer_workers import tiny_config
 

@@ -2,7 +2,7 @@
 PINHOLE cameras of different sizes and aspects (40x30 and 24x32), trained with batches of
 4 cameras (W=1: 4 own cameras; W=2: 2 each), so steps mix sizes, several cameras share a
 size, and a rank may own no camera of a size. W=1 and W=2 on the same global batches
-(train/size_groups.py: one render per size, the same calls on every rank) end with the same
+(train/model/size_groups.py: one render per size, the same calls on every rank) end with the same
 Gaussians through densification, and evaluate the mixed-size test cameras alike."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_a_trained_model_through_gsplats_layout_is_the_same_model(run_workers, t
         assert torch.equal(splats[k], want[k]), k
 
     from distsplat.render import rasterize
-    from distsplat.train.gaussians import activated
+    from distsplat.train.model.gaussians import activated
     from distsplat.train.scene_setup import load_scene
 
     scene = load_scene(tiny_config("unused"))
@@ -123,7 +123,7 @@ def test_a_gsplat_trainer_checkpoint_evaluates_to_its_psnr_and_trains_on(run_wor
     from torchmetrics.image import PeakSignalNoiseRatio
 
     from distsplat.render import rasterize
-    from distsplat.train.gaussians import activated
+    from distsplat.train.model.gaussians import activated
     from distsplat.train.scene_setup import load_scene, render_ground_truth
 
     folder = tmp_path / "gsplat_run" / "ckpts"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from distsplat.data import colmap_io
-from distsplat.train.coords import to_capture
+from distsplat.train.files.coords import to_capture
 from distsplat.viewer import read_ply_chunk
 from tests.unit.data_helpers import make_colmap_dataset
 from torchrun_cli import torchrun

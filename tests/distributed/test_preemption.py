@@ -22,7 +22,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 from preemption_workers import STEPS, args
 from torchrun_cli import REPO, checkpoint_tensors, torchrun_cmd, torchrun_env
 

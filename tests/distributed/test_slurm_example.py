@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 from test_preemption import STEPS, args, assert_same_model, finish, wait_for
 from torchrun_cli import REPO, free_port, torchrun_env
 

@@ -77,7 +77,7 @@ def test_w_invariance_check_catches_a_dropped_gradient(run_workers, w1_reference
 
 
 def test_default_strategy_densifies_on_every_rank(run_workers, tmp_path):
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     cfg = tiny_config(str(tmp_path / "d"), max_steps=25, strategy=DefaultStrategy(
         refine_start_iter=5, refine_every=5, refine_stop_iter=1000, reset_every=10_000,
@@ -94,7 +94,7 @@ def densify_config(result_dir: str, batch_size: int, **overrides):
     (duplicate and split), pruning of low opacity (prune_opa 0.05, so Gaussians the resets
     at steps 8 and 16 bring to 0.1 can fall below it) and, after the first reset, of too
     big Gaussians."""
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     # lr x sqrt(B): the bounds below are in units of that Adam step (the visibility rule's
     # W-invariance is test_w1_and_w2_training_give_the_same_parameters_and_metrics')
@@ -235,7 +235,7 @@ def test_a_checkpoint_without_ids_resumes_with_ids_in_global_order(run_workers, 
     """Checkpoints written before Gaussians had ids: the ids are their global indices."""
     import shutil
 
-    from distsplat.train import checkpoint as ck
+    from distsplat.train.files import checkpoint as ck
 
     out, trained = w2_checkpoint
     meta = ck.read_meta(out / "ckpts")

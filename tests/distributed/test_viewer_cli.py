@@ -103,7 +103,7 @@ def test_keep_open_on_a_terminal_serves_until_ctrl_c(monkeypatch):
     import distsplat.viewer.live as live
     from distsplat.distributed import DistContext
     from distsplat.train.config import default_config
-    from distsplat.train.gaussians import init_gaussians
+    from distsplat.train.model.gaussians import init_gaussians
 
     monkeypatch.setattr(live, "_stdin_is_a_terminal", lambda: True)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
@@ -145,7 +145,7 @@ def test_simple_viewer_on_two_ranks_says_a_bad_ckpt_once(tmp_path):
 
 
 def test_simple_viewer_on_two_ranks_says_a_taken_port_once(tmp_path):
-    from distsplat.train.export import write_ply
+    from distsplat.train.files.export import write_ply
 
     g = torch.Generator().manual_seed(0)
     ply = write_ply(tmp_path / "m.ply", {"means": torch.randn(30, 3, generator=g), "scales": torch.randn(30, 3) - 3,

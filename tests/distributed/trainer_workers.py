@@ -6,12 +6,12 @@ import copy
 from typing import Any, Dict, List, Optional
 
 import torch
-from distsplat.train.strategies import DefaultStrategy, MCMCStrategy
+from distsplat.train.model.strategies import DefaultStrategy, MCMCStrategy
 
 from distsplat.distributed import CameraBatch, CameraBatcher, chunk_bounds, distributed_rasterize, gather_counts
-from distsplat.train.app_opt import colour_kwargs
+from distsplat.train.model.app_opt import colour_kwargs
 from distsplat.train.config import Config, SyntheticConfig
-from distsplat.train.gaussians import activated, create_optimizers
+from distsplat.train.model.gaussians import activated, create_optimizers
 from distsplat.train.trainer import Trainer
 
 
@@ -119,10 +119,12 @@ def to_float64(trainer: Trainer, global_batch: int, anisotropic: float = 0.0) ->
         g = torch.Generator().manual_seed(11)
         jitter = (torch.rand(trainer.n_all, 3, generator=g, dtype=torch.float64) * 2 - 1) * anisotropic
         params["scales"] = params["scales"] + jitter[start:end]
-    trainer.params = torch.nn.ParameterDict({k: torch.nn.Parameter(v) for k, v in params.items()})
-    trainer.optimizers = create_optimizers(trainer.params, global_batch, trainer.scene_scale)
+    # In place: the checkpoint's rows (trainer.rows) and the strategy hold these dicts
+    trainer.params.update({k: torch.nn.Parameter(v) for k, v in params.items()})
+    trainer.optimizers.update(create_optimizers(trainer.params, global_batch, trainer.scene_scale))
     trainer.means_lr0 = trainer.optimizers["means"].param_groups[0]["lr"]  # the schedule's start
-    trainer.Ks = trainer.Ks.double()  # the cameras' dtype: the poses follow it (Trainer.train_viewmats)
+    # the cameras' dtype: the poses follow it (Trainer.train_viewmats), in training and evaluation
+    trainer.Ks = trainer.evaluator.Ks = trainer.Ks.double()
     if getattr(trainer, "pose", None) is not None:  # pose corrections (issue 18)
         trainer.pose.global_batch = global_batch  # the replayed batch, as the optimizers above
         trainer.pose.to(torch.float64)
@@ -186,7 +188,7 @@ def train(ctx, cfg: Config, replay_shards: int = 0, float64: bool = False, recor
     error far above float64 rounding that no tolerance tuned in Adam steps would see.
     no_app_all_reduce: another (--app_opt): each rank steps on its own share of the MLP's gradient."""
     if no_app_all_reduce:
-        import distsplat.train.app_opt as app_opt
+        import distsplat.train.model.app_opt as app_opt
 
         app_opt.all_reduce_sum = lambda x: x
     cls = ReplayTrainer if replay_shards else Trainer
@@ -268,7 +270,7 @@ def resume(ctx, cfg: Config) -> Dict[str, Any]:
     try:
         trainer.setup()
         if trainer.params["means"].dtype == torch.float64:  # a float64 run's checkpoint
-            trainer.Ks = trainer.Ks.double()  # the poses follow it
+            trainer.Ks = trainer.evaluator.Ks = trainer.Ks.double()  # the poses follow it
         return {"params": _params(trainer), "render": fixed_view_render(trainer),
                 "start_step": trainer.start_step, "rng": torch.get_rng_state(),
                 "uid": trainer.strategy_state["uid"].clone(),

@@ -54,7 +54,7 @@ def fuzz_one(name: str, seconds: int) -> None:
         import distsplat.data.blender  # noqa: F401
         import distsplat.data.nerfstudio  # noqa: F401
         import distsplat.data.shards  # noqa: F401
-        import distsplat.train.checkpoint  # noqa: F401
+        import distsplat.train.files.checkpoint  # noqa: F401
         import distsplat.viewer.model  # noqa: F401
     write_seeds()  # after instrumenting: modules imported earlier would give no coverage
     scratch = Path(tempfile.mkdtemp(prefix=f"fuzz_{name}_"))

@@ -19,7 +19,7 @@ import numpy as np
 
 from distsplat.data import colmap_io
 from distsplat.data.errors import DataError
-from distsplat.train import checkpoint as ck
+from distsplat.train.files import checkpoint as ck
 
 
 class Target(NamedTuple):
@@ -113,7 +113,7 @@ def run_one(name: str, data: bytes, scratch: Path) -> None:
 def seeds(scratch: Path) -> Dict[str, Dict[str, bytes]]:
     """Valid files of every target, written by distsplat's own writers: {target: {seed name: bytes}}."""
     from distsplat.data.blender import write_blender  # noqa: F401  (layout reference)
-    from distsplat.train.export import write_ply
+    from distsplat.train.files.export import write_ply
 
     import torch
 

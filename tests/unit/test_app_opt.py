@@ -1,4 +1,4 @@
-"""Appearance optimization (train/app_opt.py) against its definition, gsplat's
+"""Appearance optimization (train/model/app_opt.py) against its definition, gsplat's
 AppearanceOptModule: colour = sigmoid(colors + MLP([embedding, features, SH bases of the
 unit direction])), written out here with explicit matrix products and the real SH bases
 of degree <= 1 in closed form; a zero embedding for test images and the PLY bake; the
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from distsplat.train.app_opt import FEATURE_DIM, Appearance, check_resume, colour_kwargs, sh_bases
-from distsplat.train.gaussians import SH_C0, activated, init_gaussians
+from distsplat.train.model.app_opt import FEATURE_DIM, Appearance, check_resume, colour_kwargs, sh_bases
+from distsplat.train.model.gaussians import SH_C0, activated, init_gaussians
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from distsplat.distributed import DistContext
-from distsplat.train.balance import Agreement, Balancer, interleave, pair_bounds
-from distsplat.train.size_groups import size_groups
+from distsplat.train.model.balance import Agreement, Balancer, interleave, pair_bounds
+from distsplat.train.model.size_groups import size_groups
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
 

@@ -58,7 +58,7 @@ def test_schedule_in_images_with_a_bad_batch_size_leaves_the_error_to_validate()
 
 # --------------------------------------------------------------------------- the lr rule
 from distsplat.train import batch_scaling  # noqa: E402
-from distsplat.train.gaussians import scaled_betas  # noqa: E402
+from distsplat.train.model.gaussians import scaled_betas  # noqa: E402
 
 
 def test_lr_factor_spans_sqrt_to_linear_with_the_visible_fraction():

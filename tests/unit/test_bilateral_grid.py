@@ -1,4 +1,4 @@
-"""The bilateral grid's pieces (issue 46, point 1; distsplat/train/bilateral_grid.py,
+"""The bilateral grid's pieces (issue 46, point 1; distsplat/train/model/bilateral_grid.py,
 color_correct.py) against independent references: the slicing against trilinear interpolation
 written out corner by corner, its gradients against finite differences, the total variation
 against a loop over neighbouring cells, the learning-rate schedule against torch's own
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from distsplat.train.bilateral_grid import identity_grids, lr_factor, slice_grids, total_variation
-from distsplat.train.color_correct import _expansion, color_correct
+from distsplat.train.model.bilateral_grid import identity_grids, lr_factor, slice_grids, total_variation
+from distsplat.train.scoring.color_correct import _expansion, color_correct
 
 
 def trilinear_reference(grids: np.ndarray, rgb: np.ndarray) -> np.ndarray:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from distsplat.train import checkpoint as ck
-from distsplat.train.gaussians import create_optimizers, init_gaussians, random_points
+from distsplat.train.files import checkpoint as ck
+from distsplat.train.model.gaussians import create_optimizers, init_gaussians, random_points
 
 
 def bounds(n, w):

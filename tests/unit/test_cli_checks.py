@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distsplat.train.config import default_config
-from distsplat.train.outputs import check_result_dir
+from distsplat.train.files.outputs import check_result_dir
 
 
 def test_result_dir_may_exist_or_be_created(tmp_path):
@@ -72,7 +72,7 @@ def test_viewer_flags_are_the_viewers_composed_by_the_app(tmp_path):
     from distsplat.app import CONFIGS, AppConfig
     from distsplat.cli import parse
     from distsplat.train.config import Config
-    from distsplat.train.outputs import write_yaml
+    from distsplat.train.files.outputs import write_yaml
     from distsplat.viewer.config import ViewerConfig
 
     viewer_flags = {f.name for f in dataclasses.fields(ViewerConfig)}

@@ -1,4 +1,4 @@
-"""Outputs in known coordinates (train/coords.py, issue 32): SH rotation exact for every
+"""Outputs in known coordinates (train/files/coords.py, issue 32): SH rotation exact for every
 degree, Gaussians moved into the capture's world render the same images through the
 cameras moved with them, cameras.json in the 3DGS layout."""
 
@@ -15,9 +15,9 @@ from gsplat.cuda._torch_impl import _spherical_harmonics
 from distsplat.data.normalize import transform_cameras
 from distsplat.data.synthetic import make_synthetic_scene
 from distsplat.render import rasterize
-from distsplat.train.coords import (frame_info, matrix_to_quat, sh_rotation, to_capture,
+from distsplat.train.files.coords import (frame_info, matrix_to_quat, sh_rotation, to_capture,
                                     write_frame_files)
-from distsplat.train.gaussians import activated
+from distsplat.train.model.gaussians import activated
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 
@@ -163,7 +163,7 @@ def test_the_viewers_open_at_the_first_training_camera(tmp_path):
 def test_cameras_json_chunks_are_one_file(tmp_path, monkeypatch):
     """cameras.json written chunk by chunk (bounded temporaries at a million cameras): ids
     run across chunks, the entries are those of one chunk, no temporary file is left."""
-    import distsplat.train.coords as coords
+    import distsplat.train.files.coords as coords
 
     scene = make_synthetic_scene(num_cameras=23, num_gaussians=50, width=32, height=24)
     scene.transform = similarity(3, scale=0.5)

@@ -21,8 +21,8 @@ from distsplat.data.discover import choose, discover
 from distsplat.data.synthetic import make_synthetic_scene, splat_points
 from distsplat.distributed import DistContext
 from distsplat.train.config import Config
-from distsplat.train.evaluate import render_stem
-from distsplat.train.gaussians import init_kind, init_line
+from distsplat.train.scoring.metrics import render_stem
+from distsplat.train.model.gaussians import init_kind, init_line
 from distsplat.train.scene_setup import load_scene_dir
 from tests.unit.data_helpers import make_colmap_dataset, make_instant_ngp, make_two_camera_capture
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from distsplat.render import rasterize
-from distsplat.train.losses import photometric_loss
-from distsplat.train.strategies import DefaultStrategy
+from distsplat.train.scoring.losses import photometric_loss
+from distsplat.train.model.strategies import DefaultStrategy
 
 W_IMG, H_IMG, C = 12, 9, 4
 

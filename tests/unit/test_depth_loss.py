@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from distsplat.data import colmap_io, load_colmap
-from distsplat.train.depth_loss import DepthTargets
+from distsplat.train.model.depth_loss import DepthTargets
 from tests.unit.data_helpers import make_colmap_dataset
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)

@@ -1,4 +1,4 @@
-"""A full disk as real file systems deliver it (issue 36; distsplat/train/disk_full.py):
+"""A full disk as real file systems deliver it (issue 36; distsplat/train/guards/disk_full.py):
 the OSError torch's zip writer hides, a short write, the look at the free space before a
 write. The writes here fail for real: into /dev/full (the kernel's ENOSPC, any Linux), a
 tmpfs of 256 KiB (tests/small_fs.py, where the machine lets a test mount one), a child with
@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from distsplat.distributed import DistContext
-from distsplat.train import checkpoint as ck
-from distsplat.train import disk_full
-from distsplat.train.disk_full import CheckedWriter, NoRoom, check_room, disk_error, is_disk_full, margin
-from distsplat.train.export import create_ply, write_ply_rows
-from distsplat.train.faults import SaveGuard
+from distsplat.train.files import checkpoint as ck
+from distsplat.train.guards import disk_full
+from distsplat.train.guards.disk_full import CheckedWriter, NoRoom, check_room, disk_error, is_disk_full, margin
+from distsplat.train.files.export import create_ply, write_ply_rows
+from distsplat.train.files.save_guard import SaveGuard
 from tests.small_fs import namespace_prefix, on_small_fs
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
@@ -143,9 +143,9 @@ def test_the_room_is_checked_before_writing(tmp_path, monkeypatch, caplog):
 _IN_TMPFS = textwrap.dedent("""
     import errno, json, sys, torch
     from pathlib import Path
-    from distsplat.train import checkpoint as ck
-    from distsplat.train.disk_full import disk_error, free_bytes
-    from distsplat.train.faults import SaveGuard
+    from distsplat.train.files import checkpoint as ck
+    from distsplat.train.guards.disk_full import disk_error, free_bytes
+    from distsplat.train.files.save_guard import SaveGuard
     from distsplat.distributed import DistContext
     fs = Path(sys.argv[1])
     out = {"free": free_bytes(fs)}

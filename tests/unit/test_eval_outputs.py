@@ -1,4 +1,4 @@
-"""What an evaluation writes (distsplat/train/metrics.py): the JSON, the per-image CSV and
+"""What an evaluation writes (distsplat/train/scoring/metrics.py): the JSON, the per-image CSV and
 TensorBoard's scalars and side-by-side renders."""
 
 import csv
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from distsplat.train.evaluate import render_name
-from distsplat.train.metrics import report_eval
-from distsplat.train.outputs import save_image
+from distsplat.train.scoring.metrics import render_name
+from distsplat.train.scoring.metrics import report_eval
+from distsplat.train.files.outputs import save_image
 
 
 class FakeTB:
@@ -61,7 +61,7 @@ def test_render_names_say_which_half_is_ground_truth(tmp_path):
 
 
 def test_a_skipped_lpips_is_one_short_log_line():
-    from distsplat.train.lpips import load_lpips, short_lpips_note
+    from distsplat.train.scoring.lpips import load_lpips, short_lpips_note
 
     _, note = load_lpips("alex", min_side=8)
     assert short_lpips_note(note).startswith("LPIPS skipped: the images' smaller side (8 px) is below")
@@ -74,7 +74,7 @@ def test_cfg_yml_is_yaml_that_reads_back_as_the_config(tmp_path):
     """cfg.yml is YAML (as gsplat's), not JSON, and every value reads back with its type."""
     yaml = pytest.importorskip("yaml")
     from distsplat.train.config import default_config, mcmc_config
-    from distsplat.train.outputs import write_yaml
+    from distsplat.train.files.outputs import write_yaml
 
     for cfg in (default_config(), mcmc_config()):
         cfg.ckpt, cfg.lpips_weights, cfg.means_lr = "R/ckpts", 'odd "name": here', 1e-05

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from distsplat.train.export import create_ply, ply_rows, write_ply, write_ply_rows
+from distsplat.train.files.export import create_ply, ply_rows, write_ply, write_ply_rows
 
 plyfile = pytest.importorskip("plyfile")
 

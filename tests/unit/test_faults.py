@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from distsplat.distributed import DistContext
-from distsplat.train.faults import READ_LAG, DivergenceGuard, FlagReader, SaveGuard, is_disk_full, payload_bytes
+from distsplat.train.files.save_guard import SaveGuard, payload_bytes
+from distsplat.train.guards.disk_full import is_disk_full
+from distsplat.train.guards.faults import READ_LAG, DivergenceGuard, FlagReader
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
 
@@ -54,7 +56,7 @@ def test_divergence_guard_counts_in_a_row_and_resets_on_a_good_step():
     assert guard.in_a_row == 2 and guard.first_bad == 3 and not guard.diverged
     guard.check(5, nan, p)
     assert guard.poll(6, flush=False) and guard.diverged  # on CPU: read and decided at once
-    msg = str(guard.error(True, Path("/r/ckpts"), 6))
+    msg = str(guard.error(True, Path("/r/ckpts/step_000006"), "no checkpoint is complete yet"))
     assert msg.startswith("training diverged: 3 steps in a row (steps 3 to 5)") and "--ckpt /r/ckpts/step_000006" in msg
 
 
@@ -108,7 +110,7 @@ def test_divergence_guard_reads_lazily_and_everything_at_a_flush(caplog):
     guard.reader = FlagReader(torch.device("cpu"), events=events)
     nan, ok = torch.tensor(float("nan")), torch.tensor(1.0)
     p = params_with_grads(means=torch.ones(4, 3))
-    with caplog.at_level(logging.WARNING, logger="distsplat.train.faults"):
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.guards.faults"):
         for step, loss in enumerate([ok, nan, nan]):
             guard.check(step, loss, p)
             assert not guard.poll(step + 1, flush=False)  # nothing landed, nothing waited for
@@ -135,7 +137,7 @@ def test_divergence_guard_reads_lazily_and_everything_at_a_flush(caplog):
 def test_found_inf_skips_the_fused_adam_update_and_its_step_on_cpu(dtype):
     """create_optimizers' Adam is fused on CPU too; found_inf = 1 leaves the parameters,
     moments and step count untouched (NaN gradients included); found_inf = 0 is a plain step."""
-    from distsplat.train.gaussians import adam_step, create_optimizers, init_gaussians
+    from distsplat.train.model.gaussians import adam_step, create_optimizers, init_gaussians
 
     def model():
         params = init_gaussians(torch.randn(50, 3, generator=torch.Generator().manual_seed(0)),
@@ -199,7 +201,7 @@ def _strategy_info(packed: bool, bad: bool, seed: int = 0):
 def test_default_strategy_statistics_equal_gsplat_on_a_good_step_and_ignore_a_bad_one(packed, absgrad):
     from gsplat.strategy import DefaultStrategy as GsplatDefaultStrategy
 
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     ours = DefaultStrategy(refine_scale2d_stop_iter=1000, absgrad=absgrad)
     params = {"means": torch.zeros(20, 3)}
@@ -223,8 +225,8 @@ def test_default_strategy_statistics_equal_gsplat_on_a_good_step_and_ignore_a_ba
 def test_default_strategy_step_takes_the_flag_and_refines_on_a_bad_step():
     """Through step_post_backward: a bad refine step adds nothing to the statistics, then
     grows and prunes from the good steps' statistics (and resets them), as a good one would."""
-    from distsplat.train.gaussians import create_optimizers, init_gaussians
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.gaussians import create_optimizers, init_gaussians
+    from distsplat.train.model.strategies import DefaultStrategy
 
     params = init_gaussians(torch.randn(20, 3, generator=torch.Generator().manual_seed(0)), torch.rand(20, 3), 1, (0, 20))
     opts = create_optimizers(params, global_batch=1)
@@ -239,9 +241,9 @@ def test_default_strategy_step_takes_the_flag_and_refines_on_a_bad_step():
 
 
 def test_mcmc_noise_is_not_injected_on_a_bad_step():
-    from distsplat.train import strategy_ops
-    from distsplat.train.gaussians import create_optimizers, init_gaussians
-    from distsplat.train.strategies import MCMCStrategy
+    from distsplat.train.model import strategy_ops
+    from distsplat.train.model.gaussians import create_optimizers, init_gaussians
+    from distsplat.train.model.strategies import MCMCStrategy
     from gsplat.strategy import MCMCStrategy as GsplatMCMCStrategy
 
     strategy_ops.install()  # gsplat's noise on CPU
@@ -271,7 +273,7 @@ def test_a_training_step_reads_no_flag_on_the_host(tmp_path, monkeypatch):
     import inspect
 
     from distsplat.train.config import Config, SyntheticConfig
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
     from distsplat.train.trainer import Trainer
 
     cfg = Config(result_dir=str(tmp_path), max_steps=4, eval_steps=[], save_steps=[], save_ply=False, sh_degree=1,
@@ -327,7 +329,7 @@ def test_save_guard_skips_a_disk_full_write_and_says_where_and_how_much(tmp_path
     def full():
         raise OSError(errno.ENOSPC, "No space left on device", "x")
 
-    with caplog.at_level(logging.WARNING, logger="distsplat.train.faults"):
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.guards.faults"):
         assert not guard.run("checkpoint of step 3", lambda r: tmp_path / f"f{r}", 12345, full)
     assert "checkpoint of step 3 not saved: rank 0 could not write " + str(tmp_path / "f0") in caplog.text
     assert "(12345 bytes)" in caplog.text and "no checkpoint is complete yet" in caplog.text
@@ -359,8 +361,8 @@ def test_payload_bytes_counts_every_tensor():
 def test_initial_gaussians_past_the_whole_memory_limit_end_setup():
     """A GPU too small for the initial Gaussians: ValueError before training (the limit flag
     stands in for the device's memory); one that fits does not raise."""
-    from distsplat.train.gaussians import create_optimizers, init_gaussians
-    from distsplat.train.memory import MemoryGuard, bytes_per_gaussian
+    from distsplat.train.model.gaussians import create_optimizers, init_gaussians
+    from distsplat.train.guards.memory import MemoryGuard, bytes_per_gaussian
 
     params = init_gaussians(torch.randn(1000, 3), torch.rand(1000, 3), 1, (0, 1000))
     optimizers = create_optimizers(params, global_batch=1)

@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-from distsplat.train import strategy_ops
-from distsplat.train.gaussians import (derive_ids, from_float_rows, hash_keys, initial_ids, normal_samples,
+from distsplat.train.model import strategy_ops
+from distsplat.train.model.gaussians import (derive_ids, from_float_rows, hash_keys, initial_ids, normal_samples,
                                        splitmix64, to_float_rows)
-from distsplat.train.strategies import DefaultStrategy
+from distsplat.train.model.strategies import DefaultStrategy
 
 M64 = 1 << 64
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from distsplat.train.gaussians import (
+from distsplat.train.model.gaussians import (
     SH_C0,
     activated,
     create_optimizers,
@@ -83,7 +83,7 @@ def test_initial_means_do_not_alias_the_points_given():
 def test_check_finite_params_names_the_bad_parameters_and_their_source():
     import torch
 
-    from distsplat.train.gaussians import check_finite_params
+    from distsplat.train.model.gaussians import check_finite_params
 
     params = {"means": torch.zeros(4, 3), "scales": torch.zeros(4, 3), "opacities": torch.zeros(4)}
     check_finite_params(params, "the initial Gaussians")

@@ -204,7 +204,7 @@ def test_gsplats_list_of_checkpoint_files_is_one_value():
     train/model_files.split_files splits again; one value passes as typed."""
     import os
 
-    from distsplat.train.model_files import split_files
+    from distsplat.train.files.model_files import split_files
 
     kept, _ = translate(["default", "--ckpt", "r/ckpt_9_rank0.pt", "r/ckpt_9_rank1.pt", "--eval_only"])
     assert kept == ["default", "--ckpt", os.pathsep.join(["r/ckpt_9_rank0.pt", "r/ckpt_9_rank1.pt"]), "--eval_only"]

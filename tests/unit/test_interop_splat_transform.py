@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from distsplat.train.coords import to_capture
-from distsplat.train.export import create_ply, ply_rows, write_ply_rows
+from distsplat.train.files.coords import to_capture
+from distsplat.train.files.export import create_ply, ply_rows, write_ply_rows
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.ndimage import gaussian_filter
 
-from distsplat.train.losses import photometric_loss, psnr, ssim, ssim_map
+from distsplat.train.scoring.losses import photometric_loss, psnr, ssim, ssim_map
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 
@@ -77,7 +77,7 @@ def _fused_stand_in(calls):
 def test_fused_ssim_loss_is_the_torch_loss(monkeypatch):
     """With ssim_impl "fused" the loss hands [B, 3, H, W] images to fused-ssim and turns its
     one mean over the batch into the sum of per-image losses: same value, same gradient."""
-    from distsplat.train import losses
+    from distsplat.train.scoring import losses
 
     calls = []
     monkeypatch.setattr(losses, "fused_ssim_fn", lambda: _fused_stand_in(calls))
@@ -96,7 +96,7 @@ def test_fused_ssim_loss_is_the_torch_loss(monkeypatch):
 
 
 def test_resolve_ssim_impl(monkeypatch):
-    from distsplat.train import losses
+    from distsplat.train.scoring import losses
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device name only: nothing runs on it
     notes = []

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from distsplat.distributed import DistContext
-from distsplat.train import lpips as lp
-from distsplat.train.lpips import LPIPS, fetch_weights, load_lpips, ready_lpips, short_lpips_note
+from distsplat.train.scoring import lpips as lp
+from distsplat.train.scoring.lpips import LPIPS, fetch_weights, load_lpips, ready_lpips, short_lpips_note
 
 real_urlopen = lp.urlopen
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from distsplat.distributed import DistContext
-from distsplat.train import strategy_ops
+from distsplat.train.model import strategy_ops
 from distsplat.cli import parse
 from distsplat.train.config import Config, SyntheticConfig
-from distsplat.train.gaussians import activated, create_optimizers, init_gaussians
+from distsplat.train.model.gaussians import activated, create_optimizers, init_gaussians
 from distsplat.render import torch_backend
-from distsplat.train.memory import MemoryGuard, bytes_per_gaussian, held_bytes, render_working_bytes
-from distsplat.train.strategies import DefaultStrategy, MCMCStrategy
+from distsplat.train.guards.memory import MemoryGuard, bytes_per_gaussian, held_bytes, render_working_bytes
+from distsplat.train.model.strategies import DefaultStrategy, MCMCStrategy
 
 MiB, GiB = 2**20, 2**30
 
@@ -61,7 +61,7 @@ def test_guard_decides_and_warns_once_per_transition(caplog):
                         measure=lambda: usage[0])
     b, r = bytes_per_gaussian(dict(params), 2)
     assert guard.estimate(params, 50) == 50 * b + 100 * r and guard.estimate(params, 0) == 0
-    with caplog.at_level(logging.WARNING, logger="distsplat.train.memory"):
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.guards.memory"):
         assert guard.allow(params, 50) and not caplog.records  # 100 MiB + 0.08 MiB < 512 MiB
         usage[0] = 600 * MiB
         assert not guard.allow(params, 50) and guard.blocked
@@ -85,7 +85,7 @@ def test_setup_check_warns_when_the_initial_gaussians_do_not_fit(caplog):
     guard = MemoryGuard(10 * MiB, 0.9, rank=0, accumulators=2, measure=lambda: 7 * MiB)
     assert guard.check_setup(params, optimizers, {}) is None  # 7 MiB + 1.08 MiB pending < 9 MiB
     guard.measure = lambda: 8 * MiB
-    with caplog.at_level(logging.WARNING, logger="distsplat.train.memory"):
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.guards.memory"):
         msg = guard.check_setup(params, optimizers, {})
     assert msg is not None and msg in caplog.text
     assert "the 1000 initial Gaussians need 1.3 MiB" in msg and "1368 B each" in msg and "10.0 MiB limit" in msg
@@ -107,7 +107,7 @@ def test_guard_counts_the_renderers_working_memory(caplog):
     guard = MemoryGuard(GiB, 0.5, rank=1, accumulators=2, measure=lambda: 100 * MiB, working=450 * MiB)
     assert plain.fits(params, 50) and plain.allow(params, 50)
     assert not guard.fits(params, 50)
-    with caplog.at_level(logging.WARNING, logger="distsplat.train.memory"):
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.guards.memory"):
         assert not guard.allow(params, 50)
         optimizers = create_optimizers(params, global_batch=1)
         setup = guard.check_setup(params, optimizers, {})
@@ -226,7 +226,7 @@ def test_trainer_stops_growing_below_its_usage_and_keeps_pruning(tmp_path, caplo
 def test_trainer_grows_when_memory_allows_and_says_so_when_it_frees_up(tmp_path, caplog):
     usage = iter([10 * GiB])  # the first refine step (10) is over the limit, later ones are not
     cfg = _config(tmp_path / "high", _growing(), memory_limit_gb=4.0)
-    with caplog.at_level(logging.WARNING, logger="distsplat.train.memory"):
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.guards.memory"):
         counts, guard = _train(cfg, measure=lambda: next(usage, 100 * MiB))
     assert counts[:15] == [400] * 15 and counts[15] > 400 and counts[-1] > 2 * 400, counts  # refine: 10, 15, 20
     assert not guard.blocked and guard.transitions == 2

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from benchmarks.paths import data_dir
-from distsplat.train.losses import psnr, ssim, ssim_eval
-from distsplat.train.lpips import LPIPS, load_lpips
+from distsplat.train.scoring.losses import psnr, ssim, ssim_eval
+from distsplat.train.scoring.lpips import LPIPS, load_lpips
 
 tm = pytest.importorskip("torchmetrics")
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure  # noqa: E402
@@ -73,7 +73,7 @@ def test_psnr_and_ssim_match_torchmetrics_on_real_pairs():
         assert abs(ssim(a[None], b[None]).item() - ref_ssim) > 1e-4
 
 
-# torchvision's AlexNet / VGG16 `features`, written out independently of distsplat.train.lpips.
+# torchvision's AlexNet / VGG16 `features`, written out independently of distsplat.train.scoring.lpips.
 def tv_alexnet_features() -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=2), nn.ReLU(inplace=True),

@@ -1,4 +1,4 @@
-"""Other trainers' model files (issue 46, point 2; distsplat/train/model_files.py, model_import.py):
+"""Other trainers' model files (issue 46, point 2; distsplat/train/files/model_files.py, model_import.py):
 PLYs as gsplat's exporter, plyfile (the original 3DGS implementation's writer) and distsplat write
 them, gsplat's checkpoint layout as its trainer saves and loads it, and a model moved from the
 capture's world into the normalised one renders the same images."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from distsplat.train.model_files import (KEYS, fit_sh, gsplat_files, is_gsplat_spec, open_model, read_ply_layout,
+from distsplat.train.files.model_files import (KEYS, fit_sh, gsplat_files, is_gsplat_spec, open_model, read_ply_layout,
                                          read_ply_rows, write_gsplat_pt)
 
 
@@ -70,7 +70,7 @@ def test_a_ply_as_the_original_implementation_writes_it_in_any_property_order(tm
 
 
 def test_bad_plys_name_the_file_and_what_is_wrong(tmp_path):
-    from distsplat.train.export import write_ply
+    from distsplat.train.files.export import write_ply
 
     path = write_ply(tmp_path / "m.ply", model(5, 0))
     data = path.read_bytes()
@@ -157,7 +157,7 @@ def test_a_model_in_the_capture_world_moves_into_the_normalised_one():
     gives the capture-world model's images through the capture's cameras (SH rotated too)."""
     from distsplat.data.normalize import transform_cameras
     from distsplat.data.synthetic import make_synthetic_scene
-    from distsplat.train.model_import import from_capture
+    from distsplat.train.files.model_import import from_capture
     from tests.unit.test_coords import render, similarity
 
     scene = make_synthetic_scene(num_cameras=4, num_gaussians=150, width=48, height=36, seed=3)
@@ -182,8 +182,8 @@ def test_a_model_in_the_capture_world_moves_into_the_normalised_one():
 def test_model_frame_auto(tmp_path):
     import json
 
-    from distsplat.train.model_files import ModelFile
-    from distsplat.train.model_import import model_frame
+    from distsplat.train.files.model_files import ModelFile
+    from distsplat.train.files.model_import import model_frame
 
     def ply_in(run, **files):
         (run / "ply").mkdir(parents=True)

@@ -9,7 +9,7 @@ import torch
 
 from distsplat.data.cache import mem_total
 from distsplat.distributed import staging
-from distsplat.train import memory
+from distsplat.train.guards import memory
 
 
 def test_cpu_limit_divides_the_node_memory_by_its_local_ranks(monkeypatch):

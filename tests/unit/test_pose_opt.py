@@ -1,4 +1,4 @@
-"""Pose corrections (train/pose_opt.py) against their definition: gsplat's CameraOptModule
+"""Pose corrections (train/model/pose_opt.py) against their definition: gsplat's CameraOptModule
 composes c2w' = c2w @ [R(6D) dx; 0 1], so the corrected world-to-camera matrix must be
 inv(inv(viewmat) @ T), computed here with general matrix inverses."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from distsplat.train.pose_opt import PoseCorrections, perturb_poses, rotation_6d_to_matrix
+from distsplat.train.model.pose_opt import PoseCorrections, perturb_poses, rotation_6d_to_matrix
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 

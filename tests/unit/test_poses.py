@@ -12,7 +12,7 @@ from scipy.spatial.transform import Rotation
 
 from distsplat.data.poses import CameraPoses, compact_poses
 from distsplat.data.synthetic import make_synthetic_scene
-from distsplat.train.pose_opt import perturb_poses, setup_pose_opt
+from distsplat.train.model.pose_opt import perturb_poses, setup_pose_opt
 
 
 def rigid_poses(n: int, seed: int = 0) -> np.ndarray:

@@ -17,8 +17,8 @@ import torch
 from distsplat.distributed import DistContext
 from distsplat.train import auto_resume
 from distsplat.train.config import Config, default_config, mcmc_config
-from distsplat.train.faults import DivergenceGuard
-from distsplat.train.preemption import EXIT_PREEMPTED, Preemption, StopSignals
+from distsplat.train.guards.faults import DivergenceGuard
+from distsplat.train.guards.preemption import EXIT_PREEMPTED, Preemption, StopSignals
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
 
@@ -77,7 +77,7 @@ def test_requests_ride_on_the_divergence_check_and_are_decided_on_steps_every_ra
     assert list(guard.reader._pending[-1][1].shape) == [1 + 2]  # [W + 2]: the flag, stops, saves
     guard.poll(4, flush=False)
     assert p.stop_due()
-    metrics = p.stopped(True, 4, Path("/r/ckpts"), {})
+    metrics = p.stopped(True, 4, Path("/r/ckpts/step_000004"), "no checkpoint is complete yet", {})
     assert metrics["preempted"]["line"].startswith("preempted at step 4 by SIGTERM: checkpoint saved to "
                                                    "/r/ckpts/step_000004 in ")
     assert metrics["preempted"]["line"].endswith(" s; the same command resumes") and EXIT_PREEMPTED == 75

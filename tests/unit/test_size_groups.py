@@ -1,4 +1,4 @@
-"""train/size_groups.py: a batch of mixed image sizes split into one render per size, and
+"""train/model/size_groups.py: a batch of mixed image sizes split into one render per size, and
 the renders' metas merged for densification.
 
 The grouping is checked against a direct enumeration; the merge against gsplat's own
@@ -16,8 +16,8 @@ import torch
 from distsplat.data.loader import Batch
 from distsplat.data.synthetic import make_synthetic_scene
 from distsplat.render import rasterize
-from distsplat.train.size_groups import group_cameras, group_images, merge_meta, size_groups
-from distsplat.train.strategies import DefaultStrategy
+from distsplat.train.model.size_groups import group_cameras, group_images, merge_meta, size_groups
+from distsplat.train.model.strategies import DefaultStrategy
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 
@@ -149,7 +149,7 @@ def test_grouped_loss_weighs_each_image_as_if_rendered_alone():
     both add the same terms, in orders that may differ; sums of ~1e3 pixel terms round at
     ~1e3 x 1.1e-16 = 1e-13 relative, so rtol 1e-12 for the loss, and 1e-9 for gradient
     components, whose terms may cancel (atol 1e-15 for those that cancel to ~0)."""
-    from distsplat.train.losses import photometric_loss
+    from distsplat.train.scoring.losses import photometric_loss
 
     scene = make_synthetic_scene(num_cameras=4, num_gaussians=200, width=40, height=30, seed=2)
     g = {k: torch.from_numpy(v).double().requires_grad_(True) for k, v in scene.gaussians.items()}

@@ -110,7 +110,7 @@ def test_staged_marks_are_counted_apart_from_syncs_and_cut_no_leaf():
 def _tiny_trainer():
     from distsplat.distributed import init_distributed
     from distsplat.train.config import Config, SyntheticConfig
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
     from distsplat.train.trainer import Trainer
 
     cfg = Config(result_dir=tempfile.mkdtemp(), max_steps=20, eval_steps=[], save_steps=[], save_ply=False,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from distsplat.train.strategy_ops import install, relocation_torch
+from distsplat.train.model.strategy_ops import install, relocation_torch
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 
@@ -68,7 +68,7 @@ def test_mcmc_strategy_runs_on_cpu():
 
 def test_default_strategy_resets_opacities_every_reset_every_steps():
     """gsplat 1.5.3 never resets (an operator-precedence slip); ours does, at reset_every."""
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     n = 20
     params = torch.nn.ParameterDict({
@@ -127,7 +127,7 @@ def test_gsplat_peer_reset_repair_matches_our_default_strategy(monkeypatch):
     from gsplat.strategy import DefaultStrategy as GsplatDefault
 
     from benchmarks import gsplat_peer
-    from distsplat.train.strategies import DefaultStrategy as Ours
+    from distsplat.train.model.strategies import DefaultStrategy as Ours
 
     released, _ = _after_reset_step(GsplatDefault)
     before = _reset_setup()[0]["opacities"].detach()  # about 3.0, after the one Adam step

@@ -1,11 +1,11 @@
-"""Camera paths of --render_only (distsplat/train/trajectory.py) on the built-in scene's ring
+"""Camera paths of --render_only (distsplat/train/files/trajectory.py) on the built-in scene's ring
 of cameras, whose centre and plane are known."""
 
 import numpy as np
 import pytest
 
 from distsplat.data import make_synthetic_scene
-from distsplat.train.trajectory import camera_path, ellipse_path, focus_depth, focus_point, interpolated_path
+from distsplat.train.files.trajectory import camera_path, ellipse_path, focus_depth, focus_point, interpolated_path
 
 pytestmark = pytest.mark.numerics  # rerun under other numeric paths in CI (docs/testing.md)
 

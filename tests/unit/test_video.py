@@ -1,4 +1,4 @@
-"""--render_only's MP4 (distsplat/train/video.py): written by the ffmpeg of imageio-ffmpeg, a
+"""--render_only's MP4 (distsplat/train/files/video.py): written by the ffmpeg of imageio-ffmpeg, a
 dependency, and read back by ffmpeg's own demuxer and decoder; a failing ffmpeg leaves the
 frames and one log line, never a failed run."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from distsplat.train.video import write_mp4
+from distsplat.train.files.video import write_mp4
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_a_failing_ffmpeg_leaves_the_frames_and_one_line(tmp_path, monkeypatch, 
                            "or set the IMAGEIO_FFMPEG_EXE environment variable.")
 
     monkeypatch.setattr(imageio_ffmpeg, "write_frames", no_ffmpeg)
-    with caplog.at_level(logging.WARNING, logger="distsplat.train.video"):
+    with caplog.at_level(logging.WARNING, logger="distsplat.train.files.video"):
         assert write_mp4(tmp_path / "f", 2, tmp_path / "f.mp4", 30) is None
     assert [r.getMessage() for r in caplog.records] == [
         f"no MP4: ffmpeg failed (RuntimeError: No ffmpeg exe could be found. Install ffmpeg on your system, or set "

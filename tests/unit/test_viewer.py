@@ -14,8 +14,8 @@ import torch
 
 import distsplat.viewer
 from distsplat.distributed import DistContext, chunk_bounds
-from distsplat.train import checkpoint as ck
-from distsplat.train.export import write_ply
+from distsplat.train.files import checkpoint as ck
+from distsplat.train.files.export import write_ply
 from distsplat.viewer import (LiveViewer, Pacer, PollMessage, ViewerServer, check_port,
                               load_model, read_ply_chunk, render_size, view_camera)
 from distsplat.viewer.server import PORT_IN_USE, _Browser

@@ -2,7 +2,7 @@
 
 A synchronous step lasts as long as its slowest rank. A rank's projection costs its pairs
 projected (its Gaussians x the batch cameras that see them), its rasterization the pairs of
-its own cameras (docs/design.md; distsplat/train/balance.py). Per scene, world size W and per-rank
+its own cameras (docs/design.md; distsplat/train/model/balance.py). Per scene, world size W and per-rank
 batch b, W gloo CPU processes run the real `Trainer` (setup, then `Trainer.train_step`, the
 loop's body, step after step) and record every step's pairs projected and rasterized per rank
 (what `WorkMeter.record` gets from the count exchange). Each entry gives, over the measured
@@ -174,7 +174,7 @@ def measure_job(ctx, job: Dict[str, Any]) -> Dict[str, Any]:
         wall = time.perf_counter() - t0
     finally:
         trainer.cleanup()
-    return {"rows": rows, "start_step": trainer.start_step, "batch_start": trainer.batch_start,
+    return {"rows": rows, "start_step": trainer.start_step, "batch_start": trainer.schedule.batch_start,
             "steps_per_epoch": trainer.batcher.steps_per_epoch, "wall_s": wall}
 
 
@@ -267,7 +267,7 @@ def resume_position(ckpt: Optional[str], W: int, b: int, n_train: int) -> int:
 
     if ckpt is None:
         return 0
-    from distsplat.train import checkpoint as ck
+    from distsplat.train.files import checkpoint as ck
 
     state = ck.read_meta(Path(ckpt))["state"]["batcher"]
     b_new = CameraBatcher(n_train, W, b, SEED)
@@ -311,7 +311,7 @@ def replicas_check(work: Path) -> Dict[str, Any]:
 
     from distsplat.distributed import chunk_bounds
     from distsplat.render.api import project
-    from distsplat.train.gaussians import activated, init_gaussians
+    from distsplat.train.model.gaussians import activated, init_gaussians
     from distsplat.train.scene_setup import load_scene_dir
 
     factor, out = int(os.environ.get("GARDEN_FACTOR", 8)), {}

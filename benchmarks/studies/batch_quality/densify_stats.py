@@ -71,7 +71,7 @@ def one_run(argv: list, out_json: Path) -> None:
     import torch  # noqa: F401
 
     from distsplat import cli
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     log: list = []
 

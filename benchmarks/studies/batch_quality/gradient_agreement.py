@@ -36,7 +36,7 @@ def main() -> None:
     import torch
 
     from distsplat import cli
-    from distsplat.train.strategies import DefaultStrategy
+    from distsplat.train.model.strategies import DefaultStrategy
 
     scene, images = os.environ.get("SCENE", "thermos"), int(os.environ.get("IMAGES", "16"))
     grads = {k: [] for k in GROUPS}

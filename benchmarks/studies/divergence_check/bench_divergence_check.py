@@ -1,4 +1,4 @@
-"""Cost of the divergence check (distsplat/train/faults.py, issue 21) per training step.
+"""Cost of the divergence check (distsplat/train/guards/faults.py, issue 21) per training step.
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 benchmarks/studies/divergence_check/bench_divergence_check.py
 
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks.common import write_result  # noqa: E402
 from distsplat.distributed import all_reduce_sum, destroy, init_distributed  # noqa: E402
-from distsplat.train.faults import DivergenceGuard  # noqa: E402
+from distsplat.train.guards.faults import DivergenceGuard  # noqa: E402
 
 
 def timed(fn, reps: int, device: torch.device) -> float:

@@ -46,8 +46,8 @@ def worker(app_opt: bool, steps: int, bright: float, wb: float, app_lr: float, o
     from distsplat.data.synthetic import attach_images
     from distsplat.train import trainer as trainer_mod
     from distsplat.train.config import default_config
-    from distsplat.train.gaussians import activated
-    from distsplat.train.losses import psnr
+    from distsplat.train.model.gaussians import activated
+    from distsplat.train.scoring.losses import psnr
     from distsplat.train.scene_setup import load_scene, render_ground_truth
 
     def scaled_scene(cfg):

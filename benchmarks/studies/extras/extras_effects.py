@@ -34,8 +34,8 @@ from benchmarks.common import write_result  # noqa: E402
 from benchmarks.paths import data_dir  # noqa: E402
 from distsplat.distributed import distributed_rasterize, init_distributed  # noqa: E402
 from distsplat.train.config import default_config  # noqa: E402
-from distsplat.train.depth_loss import DepthTargets  # noqa: E402
-from distsplat.train.gaussians import activated  # noqa: E402
+from distsplat.train.model.depth_loss import DepthTargets  # noqa: E402
+from distsplat.train.model.gaussians import activated  # noqa: E402
 from distsplat.train.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,7 +82,7 @@ def depth_error(trainer: Trainer) -> dict:
 def pose_error(trainer: Trainer) -> dict:
     """Mean rotation (deg) and translation (fraction of the scene scale) between the true
     training poses and the perturbed ones, before and after the learned corrections."""
-    from distsplat.train.pose_opt import correction_inverse
+    from distsplat.train.model.pose_opt import correction_inverse
 
     true = torch.from_numpy(np.linalg.inv(trainer.scene.camtoworlds[trainer.train_np]))  # [C_train, 4, 4] float64
     seen = trainer.train_viewmats(np.arange(len(trainer.train_np))).double()  # as rendered: --pose_noise's

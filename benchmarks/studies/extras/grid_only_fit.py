@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from distsplat.data.synthetic import appearance_gains, apply_gains  # noqa: E402
 from distsplat.data.tabletop import make_tabletop_scene  # noqa: E402
-from distsplat.train.bilateral_grid import BilateralGrids, WARMUP_STEPS, slice_grids  # noqa: E402
-from distsplat.train.losses import photometric_loss  # noqa: E402
+from distsplat.train.model.bilateral_grid import BilateralGrids, WARMUP_STEPS, slice_grids  # noqa: E402
+from distsplat.train.scoring.losses import photometric_loss  # noqa: E402
 from distsplat.train.scene_setup import render_ground_truth  # noqa: E402
 
 

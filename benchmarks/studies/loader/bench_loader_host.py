@@ -91,7 +91,7 @@ def simulated_step(mode: str, x) -> None:
 
 
 def run(scene: str, batch: int, mode: str) -> Dict[str, Any]:
-    from distsplat.train.size_groups import group_images, image_sizes, size_groups
+    from distsplat.train.model.size_groups import group_images, image_sizes, size_groups
 
     with tempfile.TemporaryDirectory(prefix="distsplat-loader-host-") as tmp:
         trainer, cfg = make_trainer(scene, batch, tmp)

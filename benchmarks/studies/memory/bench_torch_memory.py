@@ -55,7 +55,7 @@ def step_worker(mode: str, n: int, width: int, height: int, steps: int) -> dict:
     from benchmarks.procs import make_config, prewarm
     from distsplat.distributed import DistContext
     from distsplat.render import torch_backend
-    from distsplat.train.memory import rss_bytes
+    from distsplat.train.guards.memory import rss_bytes
     from distsplat.train.trainer import Trainer
 
     torch.set_num_threads(1)  # as a torchrun rank (OMP_NUM_THREADS=1)

@@ -118,7 +118,7 @@ def interim_steps(text: str) -> List[int]:
 
 
 def measure(W: int, scene: str, factor: int, stop_at: int, kill_at: int, save_min: float, work: Path) -> Dict:
-    from distsplat.train import checkpoint as ck
+    from distsplat.train.files import checkpoint as ck
 
     out: Dict[str, Any] = {"W": W}
     result, log = work / f"w{W}", work / f"w{W}_signal.log"

@@ -34,7 +34,7 @@ Python line that caused them (`SyncCounter`). Counted, each after warm-up steps:
 The claim this checks (distsplat/distributed/render.py): the distributed layer adds ONE
 sync per forward (the count transfer); gsplat's packed projection does one .item() of its
 own (the debug mode does not report isect_tiles' .item()); the divergence check
-(train/faults.py, --max_bad_steps) adds none: its flags are read by the loop, after the step,
+(train/guards/faults.py, --max_bad_steps) adds none: its flags are read by the loop, after the step,
 once their copy has landed.
 
 Needs a CUDA GPU; DRY_RUN=1 runs the same code on the CPU (the torch backend, a small
