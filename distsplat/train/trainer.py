@@ -11,9 +11,12 @@
 
 run() is one rank's lifecycle: flags agreed, the checkpoint to resume from agreed (--ckpt's, or
 the newest of this run in --result_dir), setup() (no collective) agreed, extensions attached
-(the viewer, by distsplat.app), train() (or eval_only() / render_only()), cleanup(). Features are
-modules it calls (checkpointer.py, auto_resume.py, preemption.py, rebalance.py, evaluate.py,
-video.py, model_init.py, progress.py).
+(the viewer, by distsplat.app, given a RunView), train() (or eval_only() / render_only()), cleanup().
+Features are modules it calls, in the rooms below it (docs/design.md, "train/ in rooms"): model/
+(the Gaussians, strategies and extras), guards/ (divergence, memory, stop signals), files/
+(checkpointer, outputs, video, models in and out), scoring/ (losses, evaluation); and beside it
+schedule.py, auto_resume.py, rebalance.py, model_init.py, progress.py. What a checkpoint holds is
+one dict of state objects (`_run_state`): the checkpointer saves and resumes it, never the trainer.
 """
 
 from __future__ import annotations
