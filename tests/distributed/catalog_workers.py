@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import time
 from typing import Dict, List, Sequence, Tuple
@@ -31,9 +32,12 @@ def run_cli_cases(ctx, cases: Sequence[Tuple[str, List[str], str]]) -> Dict[str,
     # 0 print first; there is no launcher here, only wall time to lose.
     cli.destroy = lambda _ctx: None
     cli.QUIET_EXIT_DELAY_S = 0.0
+    log = logging.getLogger("distsplat")
     out = {}
     for case_id, args, err_stem in cases:
         dist.barrier()  # each case starts together, as a launch's ranks do
+        for handler in list(log.handlers):  # setup_logging's handler writes to the stderr of its time: this case's
+            log.removeHandler(handler)
         err_file = f"{err_stem}.rank{ctx.rank}.json"
         os.environ["TORCHELASTIC_ERROR_FILE"] = err_file
         err = io.StringIO()
