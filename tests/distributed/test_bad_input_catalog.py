@@ -697,7 +697,9 @@ def run_batch(scenes: Dict[str, Path], tmps: Dict[str, Path]) -> Dict[str, Outco
         assert listener is None, f"{case_id} needs a listener: run it under torchrun"
         benches[case_id], befores[case_id] = b, snapshot(b.out)
         cases.append((case_id, args, str(tmp / "torchrun_error")))
-    ranks = run_workers("catalog_workers:run_cli_cases", 2, cases, timeout_s=60.0 + TIME_LIMIT_S * len(cases))
+    # A case takes a second or two here (the harness's collective timeout turns a hang into an error):
+    # a batch past this is a hang, killed and failed in minutes, not at 41 cases x TIME_LIMIT_S.
+    ranks = run_workers("catalog_workers:run_cli_cases", 2, cases, timeout_s=3 * TIME_LIMIT_S + 5.0 * len(cases))
     outcomes = {}
     for case_id, b in benches.items():
         r0 = ranks[0][case_id]
