@@ -4,7 +4,7 @@ examples/simple_trainer.py calls), run in one gloo group for many bad-input case
 A torchrun launch costs ~10 s of CPU (the launcher's and each rank's torch import), nearly
 all of what a case refused at setup costs; here the ranks fork from the harness's
 forkserver once and run every case, each rank seeing exactly the command line it would
-under torchrun, with the environment torchrun sets (harness.py). What each rank wrote to
+under torchrun, with the rank variables torchrun sets (harness.py). What each rank wrote to
 stderr, its exit code and the line it left for torchrun's summary (its
 TORCHELASTIC_ERROR_FILE) come back per case, so the test checks the line the user sees and
 that every rank ended alike."""
@@ -16,6 +16,7 @@ import io
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 import torch.distributed as dist
@@ -49,7 +50,7 @@ def run_cli_cases(ctx, cases: Sequence[Tuple[str, List[str], str]]) -> Dict[str,
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         seconds = time.monotonic() - t0
-        recorded = open(err_file).read() if os.path.exists(err_file) else None
+        recorded = Path(err_file).read_text() if os.path.exists(err_file) else None
         out[case_id] = {"code": code, "stderr": err.getvalue(), "seconds": seconds, "recorded": recorded}
     os.environ.pop("TORCHELASTIC_ERROR_FILE", None)
     return out
