@@ -63,12 +63,30 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        slow_files_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def slow_files_first(items) -> None:
+    """Under xdist, files whose tests are marked `slow` first, most slow tests first, then the
+    others, each file's tests in their order. `--dist loadfile` hands out whole files in this
+    order (pyproject's --no-loadscope-reorder keeps xdist from sorting them by test count,
+    which sent the files of one or two long tests, test_multinode.py's 85 s, last): a long
+    file that starts last leaves the other cores idle until it ends, short ones fill the gaps.
+    Every worker sorts alike (xdist checks that their collections agree); `-n 0` keeps the
+    file order."""
+    slow, first = {}, {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+        slow[item.path] = slow.get(item.path, 0) + ("slow" in item.keywords)
+    order = {item: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-slow[item.path], first[item.path], order[item]))
 
 
 @pytest.fixture

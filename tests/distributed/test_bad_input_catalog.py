@@ -13,6 +13,14 @@ transform.json and tb/).
 Scenes are tiny (12 cameras of 32x24): a good COLMAP and a good Blender scene are built
 once per module and copied into each case's own folder, where the case breaks them. The
 cases' runs are started ahead, two at a time (`launched`); each test asserts on its own.
+
+A torchrun launch costs ~10 s of CPU, nearly all of a case refused at setup, so only the
+cases in TORCHRUN (one of each way an error reaches the user: the command line, a flag,
+data and checkpoints refused by every rank, an error only one rank sees, the result dir, the
+viewer) launch torchrun; the others run as one batch on 2 gloo ranks through the CLI's
+entry point (catalog_workers.py: the same command line, environment and code, each rank's
+stderr, exit code and torchrun error-file line captured), where the test also checks that
+both ranks exited with the same code and left the same line for torchrun's summary.
 With DISTSPLAT_CATALOG_LOG=path, each case appends {"case", "seconds", "message"} to path
 (JSON lines), the observed messages listed in the issue's closing note.
 """
@@ -28,7 +36,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -39,6 +47,9 @@ from distsplat.data import colmap_io, write_blender
 from distsplat.data.synthetic import make_synthetic_scene, splat_points
 from tests.unit.data_helpers import colmap_to_nerfstudio, scene_to_model
 from torchrun_cli import TINY_FLAGS, torchrun
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 pytestmark = pytest.mark.slow
 
@@ -562,6 +573,17 @@ def viewer_port_in_use(b: Bench):
     return [*(f for f in TINY_FLAGS if f != "--disable_viewer"), "--port", str(b.port)]
 
 
+# The cases launched under torchrun; the rest run in one batch (run_batch). One case per way
+# an error reaches the user through the launcher: the command line (a gsplat flag, refused
+# while parsing), an input every rank refuses at setup (a missing image: config checks, data,
+# the result dir and most checkpoint errors end the same way), an error only the rank that
+# owns a camera sees (at setup in a shard, mid-training in a PNG), checkpoints (rank 0's
+# shard; rank 1's, which rank 0 learns of by agreement), a read-only result dir (chmod) and
+# the viewer's port (a server in rank 0's process).
+TORCHRUN = {"gsplat_only_flag", "missing_image", "corrupt_png_pixels", "data_shards_truncated_jpeg",
+            "ckpt_truncated_shard", "ckpt_shard_only_rank1_reads", "result_dir_read_only", "viewer_port_in_use"}
+
+
 # ------------------------------------------------------------------ the test
 
 def snapshot(root: Path) -> Dict[str, Optional[bytes]]:
@@ -609,16 +631,19 @@ def log_case(case_id: str, seconds: float, message: Optional[str]) -> None:
 @dataclass
 class Outcome:
     """One case's run: the bench it broke, the CLI's result, how long it took and the
-    result dir before and after."""
+    result dir before and after; for a batched case, every rank's exit code and the line
+    each left for torchrun's summary."""
     bench: Bench
     proc: subprocess.CompletedProcess
     seconds: float
     before: Dict[str, Optional[bytes]]
     after: Dict[str, Optional[bytes]]
+    rank_codes: Optional[List[int]] = None
+    rank_recorded: Optional[List[Optional[str]]] = None
 
 
-def run_case(scenes: Dict[str, Path], tmp: Path, build: Callable[[Bench], List[str]]) -> Outcome:
-    """Builds the case's broken input under tmp and runs the CLI on it."""
+def prepare(scenes: Dict[str, Path], tmp: Path, build: Callable[[Bench], List[str]]):
+    """Builds the case's broken input under tmp: (bench, CLI arguments, listener or None)."""
     out = tmp / "run"
     for rel, data in KEEP.items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -630,13 +655,23 @@ def run_case(scenes: Dict[str, Path], tmp: Path, build: Callable[[Bench], List[s
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         b.port = listener.getsockname()[1]
+    args = build(b)
+    if args[:1] not in (["default"], ["mcmc"]):
+        args = ["default", *args]
+    args = [*args[:1], *COMMON, "--result_dir", str(out), *args[1:]]
+    if not b.viewer and "--disable_viewer" not in args:
+        args.append("--disable_viewer")
+    return b, args, listener
+
+
+def run_case(scenes: Dict[str, Path], tmp: Path, build: Callable[[Bench], List[str]]) -> Outcome:
+    """Builds the case's broken input under tmp and runs the CLI on it under torchrun."""
+    if build.__name__ not in TORCHRUN:
+        return run_batch(scenes, {build.__name__: tmp})[build.__name__]
+    out = tmp / "run"
+    listener = None
     try:
-        args = build(b)
-        if args[:1] not in (["default"], ["mcmc"]):
-            args = ["default", *args]
-        args = [*args[:1], *COMMON, "--result_dir", str(out), *args[1:]]
-        if not b.viewer and "--disable_viewer" not in args:
-            args.append("--disable_viewer")
+        b, args, listener = prepare(scenes, tmp, build)
         before = snapshot(out)
         t0 = time.monotonic()
         p = torchrun(args, timeout=3 * TIME_LIMIT_S, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
@@ -649,9 +684,46 @@ def run_case(scenes: Dict[str, Path], tmp: Path, build: Callable[[Bench], List[s
     return Outcome(b, p, seconds, before, snapshot(out))
 
 
+def run_batch(scenes: Dict[str, Path], tmps: Dict[str, Path]) -> Dict[str, Outcome]:
+    """{case id: its Outcome} for cases outside TORCHRUN (each with its own folder in
+    `tmps`), run one after another on one pair of gloo ranks (catalog_workers.py). Rank 0's
+    stderr is the run's (a rank that defers to rank 0 prints nothing, as under torchrun);
+    the exit code is rank 0's, each rank's is in rank_codes."""
+    from harness import run_workers
+
+    benches, befores, cases = {}, {}, []
+    for case_id, tmp in tmps.items():
+        b, args, listener = prepare(scenes, tmp, CASES[case_id][0])
+        assert listener is None, f"{case_id} needs a listener: run it under torchrun"
+        benches[case_id], befores[case_id] = b, snapshot(b.out)
+        cases.append((case_id, args, str(tmp / "torchrun_error")))
+    # A case takes a second or two here (the harness's collective timeout turns a hang into an error):
+    # a batch past this is a hang, killed and failed in minutes, not at 41 cases x TIME_LIMIT_S.
+    ranks = run_workers("catalog_workers:run_cli_cases", 2, cases, timeout_s=3 * TIME_LIMIT_S + 5.0 * len(cases))
+    outcomes = {}
+    for case_id, b in benches.items():
+        r0 = ranks[0][case_id]
+        proc = subprocess.CompletedProcess(["distsplat.app.main"], r0["code"], "",
+                                           "".join(r[case_id]["stderr"] for r in ranks))
+        outcomes[case_id] = Outcome(b, proc, max(r[case_id]["seconds"] for r in ranks), befores[case_id],
+                                    snapshot(b.out), [r[case_id]["code"] for r in ranks],
+                                    [r[case_id]["recorded"] for r in ranks])
+    return outcomes
+
+
 # Cases run two at a time: a case is mostly process start-up and exit (torchrun's launcher,
 # then its ranks, then the launcher again), phases in which one of CI's two cores idles.
 AHEAD = 2
+
+
+@dataclass
+class _Part:
+    """One case's share of the batch's future."""
+    batch: "Future"
+    case_id: str
+
+    def result(self) -> Outcome:
+        return self.batch.result()[self.case_id]
 
 
 @pytest.fixture(scope="module")
@@ -669,7 +741,13 @@ def launched(scenes, request, tmp_path_factory):
            if item.module is request.module and getattr(item, "originalname", "") == "test_bad_input"
            and not skipped(item)]
     pool = ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="catalog")
-    futures = {i: pool.submit(run_case, scenes, tmp_path_factory.mktemp(i), CASES[i][0]) for i in ids}
+    batched = [i for i in ids if i not in TORCHRUN]
+    futures = {}
+    if batched:  # first: the batch's ranks run beside the torchrun cases
+        batch = pool.submit(run_batch, scenes, {i: tmp_path_factory.mktemp(i) for i in batched})
+        futures.update({i: _Part(batch, i) for i in batched})
+    futures.update({i: pool.submit(run_case, scenes, tmp_path_factory.mktemp(i), CASES[i][0])
+                    for i in ids if i in TORCHRUN})
     try:
         yield futures
     finally:
@@ -692,6 +770,10 @@ def test_bad_input(launched, scenes, tmp_path, request, build, message):
     assert seconds < TIME_LIMIT_S, f"took {seconds:.1f} s\n{tail}"
     assert line is not None, f"no `distsplat: error` line with {message!r}\n{tail}"
     assert line.startswith("distsplat: error: ") or "rank 1" in line, line  # rank 0's, or names the rank
+    if run.rank_codes is not None:  # a batched case: every rank ended alike, as torchrun's summary shows them
+        assert len(set(run.rank_codes)) == 1, f"ranks exited with {run.rank_codes}\n{tail}"
+        recorded = [r and json.loads(r)["message"]["message"] for r in run.rank_recorded]  # (not its timestamp)
+        assert recorded[0] is not None and len(set(recorded)) == 1 and line in recorded[0], (recorded, line)
     unexplained = unexplained_tracebacks(p.stderr)
     assert not unexplained, unexplained[0]
     if run.bench.started:  # the run got past setup; what it wrote then may stay, nothing else
