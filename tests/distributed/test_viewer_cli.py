@@ -116,12 +116,16 @@ def test_keep_open_on_a_terminal_serves_until_ctrl_c(monkeypatch):
     real_poll = viewer._poll
     monkeypatch.setattr(viewer, "_poll", lambda *a, **k: polls.append(time.monotonic()) or real_poll(*a, **k))
     timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    # Python's own Ctrl-C handler, also where the suite was started with SIGINT ignored (nohup,
+    # a shell's `&`): there the signal would be dropped and keep_open serve forever
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
     timer.start()
     try:
         viewer.keep_open(trainer)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
         viewer.close()
     assert time.monotonic() - t0 >= 1.4  # it served until the Ctrl-C, not less
     assert len(polls) > 5  # polling the browsers all along
