@@ -88,7 +88,7 @@ def main() -> None:
         for name, flags in (("grid", change + grid), ("changed", change), ("clean", [])):
             if name in wanted:
                 result["runs"][name] = run(name, flags, scaler, cap, nproc, Path(tmp))
-            print(name, result["runs"][name], flush=True)
+                print(name, result["runs"][name], flush=True)
     result["load_avg_1min_after"] = round(os.getloadavg()[0], 2)
     runs = result["runs"]
     for a, b in (("grid", "clean"), ("changed", "clean")):
