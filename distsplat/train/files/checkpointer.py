@@ -144,11 +144,12 @@ class Checkpointer:
     def save(self, state: Dict[str, Entry], step: int, interim: bool = False) -> Tuple[bool, int]:
         """Checkpoint (atomic, resumable on any W) and the merged PLY (with --ply_steps only at those);
         every rank calls it. A full disk on any rank skips either on every rank, and training goes on
-        (faults.py). `interim` (--save_every_minutes, a stop signal: preemption.py): the checkpoint
+        (save_guard.py). `interim` (--save_every_minutes, a stop signal: preemption.py): the checkpoint
         alone, marked to be pruned once a newer regular one is whole (checkpoint.prunable).
         Returns (whether the checkpoint is complete, the same on every rank; the Gaussians of all ranks)."""
         ctx, root, cfg = self.ctx, self.root, self.cfg
-        counts = gather_counts(len(state["model"].obj), self.device)
+        rows = next(e.obj for e in state.values() if e.kind == ROWS)  # this rank's Gaussians
+        counts = gather_counts(len(rows), self.device)
         payload: Dict[str, Any] = {}
         shared: Dict[str, Any] = {}
         for entry in state.values():  # every rank, in order: some state_dicts are collectives
