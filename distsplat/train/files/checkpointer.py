@@ -217,6 +217,13 @@ class Checkpointer:
         if not verified:
             ck.verify_shards(meta, shards_to_read(meta, ctx))
         step = int(meta["step"])
+        shard0: Dict[str, Any] = {}  # rank 0's shard, read once for every table entry
+
+        def table(key: str) -> Any:
+            if not shard0:
+                shard0.update(ck.load_shard(meta, 0))
+            return shard0.get(key)
+
         for entry in state.values():
             if entry.kind == ROWS:
                 rows = ck.read_rows(meta, *bounds, verify=False)
@@ -230,7 +237,7 @@ class Checkpointer:
                 else:  # another W cannot replay the old streams: a fresh, deterministic one per rank
                     entry.obj.restart(step)
             else:
-                value = (meta["state"] if entry.kind == SHARED else ck.load_shard(meta, 0)).get(entry.key)
+                value = meta["state"].get(entry.key) if entry.kind == SHARED else table(entry.key)
                 if value is not None:
                     try:
                         entry.obj.load_state_dict(value)

@@ -84,7 +84,7 @@ class SaveGuard:
                 room = f"; {fmt_bytes(free)} free there" if free >= 0 else ""
                 log.warning("%s not saved: rank %d could not write %s (%s): it needs about %s (%d bytes)%s. "
                             "Training goes on and the next save step tries again; %s", what, q, path_of(q),
-                            reason, fmt_bytes(needed), needed, room, self._last_complete())
+                            reason, fmt_bytes(needed), needed, room, last_complete(self.ckpt_root))
         return False
 
     def checkpoint(self, step: int, payload: Dict[str, Any], finalize: Callable[[], Any]) -> bool:
@@ -101,13 +101,6 @@ class SaveGuard:
             self.discard(tmp)
         return ok
 
-    def _last_complete(self) -> str:
-        return self.last_complete(self.ckpt_root)
-
-    @staticmethod
-    def last_complete(ckpt_root: Path) -> str:
-        return last_complete(ckpt_root)
-
     def discard(self, path: Path) -> None:
         """Rank 0, after a failed save: removes its partial files (every rank has stopped
         writing: the agreement came first), giving their room back to the run."""
@@ -123,7 +116,7 @@ class SaveGuard:
         if self.failed and self.ctx.is_main:
             why = "full or read-only" if errno.EFBIG not in self.codes else "full or read-only, or a file too large"
             log.warning("%d save(s) failed because the disk was %s: %s; %s", len(self.failed), why,
-                        ", ".join(self.failed), self._last_complete())
+                        ", ".join(self.failed), last_complete(self.ckpt_root))
 
 
 def last_complete(ckpt_root: Path) -> str:
